@@ -1,0 +1,196 @@
+"""Import an ``mx.sym.Symbol`` and its input shapes into the IR of :mod:`nnvm_passes.ir`.
+
+Shapes and dtypes come from MXNet's own ``infer_shape``/``infer_type``, run on a symbol whose
+outputs are *every* output entry of every node (hidden ones such as BatchNorm's batch mean
+included), so that each entry of the IR carries its shape and dtype.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+from typing import Any, Mapping
+
+import mxnet as mx
+import numpy as np
+
+from nnvm_passes.ir import Entry, FrozenDict, Graph, Node, TensorInfo
+from tofu_mx.errors import (InvalidArgumentError, NotASymbolError, ShapeInferenceError,
+                            UnknownInputError)
+
+#: Operators that read a label, and the input position of that label. A variable read there
+#: is classified as ``"label"``.
+LABEL_INPUTS: Mapping[str, int] = {
+    "SoftmaxOutput": 1,
+    "LinearRegressionOutput": 1,
+    "LogisticRegressionOutput": 1,
+    "MAERegressionOutput": 1,
+    "SVMOutput": 1,
+    "softmax_cross_entropy": 1,
+    "CTCLoss": 1,
+    "_contrib_CTCLoss": 1,
+}
+
+_JSON_NODE_KEYS = ("op", "name", "attrs", "inputs")
+
+
+def check_symbol(symbol: Any, what: str = "symbol") -> mx.sym.Symbol:
+    """Reject anything that is not an ``mx.sym.Symbol``, saying how to get one."""
+    if not isinstance(symbol, mx.sym.Symbol):
+        hint = ""
+        if isinstance(symbol, mx.gluon.HybridBlock):
+            hint = " For a Gluon block, pass net(mx.sym.var('data')) instead of the block."
+        raise NotASymbolError(
+            f"{what} must be an mx.sym.Symbol, got {type(symbol).__name__}.{hint}")
+    return symbol
+
+
+def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = None
+    if not dims or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0
+                           for d in dims):
+        raise InvalidArgumentError(
+            f"shape of input {name!r} must be a non-empty tuple of positive ints, got {shape!r}; "
+            f"e.g. {name}=(32, 3, 224, 224)")
+    return tuple(int(d) for d in dims)
+
+
+def _check_names(given: Mapping[str, Any], inputs: list[str], what: str) -> None:
+    unknown = [n for n in given if n not in inputs]
+    if not unknown:
+        return
+    hints = []
+    for n in unknown:
+        close = difflib.get_close_matches(n, inputs, n=1)
+        hints.append(f"{n!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise UnknownInputError(
+        f"{what} given for {', '.join(hints)}, which the symbol does not have as input. "
+        f"Its inputs are: {', '.join(inputs)}.")
+
+
+def _unknown(shape: Any) -> bool:
+    return shape is None or len(shape) == 0 or any(d == 0 for d in shape)
+
+
+def all_entries_symbol(js: dict) -> mx.sym.Symbol:
+    """The graph of ``js`` with every output entry of every node made a head."""
+    row_ptr = js["node_row_ptr"]
+    heads = [[nid, k, 0] for nid in range(len(js["nodes"]))
+             for k in range(row_ptr[nid + 1] - row_ptr[nid])]
+    return mx.sym.load_json(json.dumps(dict(js, heads=heads)))
+
+
+def _infer_shapes(everything: mx.sym.Symbol, shapes: dict, arg_names: list[str],
+                  aux_names: list[str]) -> list:
+    try:
+        arg_shapes, out_shapes, aux_shapes = everything.infer_shape_partial(**shapes)
+    except mx.base.MXNetError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+        raise ShapeInferenceError(
+            f"MXNet cannot infer the graph's shapes from {_fmt(shapes)}: {first}. "
+            f"Check the input shapes against what the first layers expect.") from e
+    missing = [n for n, s in zip(arg_names, arg_shapes) if _unknown(s)]
+    missing += [n for n, s in zip(aux_names, aux_shapes) if _unknown(s)]
+    if missing:
+        raise ShapeInferenceError(
+            f"the shapes of {', '.join(missing)} cannot be inferred from {_fmt(shapes)}. "
+            f"Pass them as keywords (e.g. {missing[0]}=(...)), or give the shapes of the "
+            f"inputs they depend on.")
+    names = everything.list_outputs()
+    missing = [n for n, s in zip(names, out_shapes) if _unknown(s)]
+    if missing:
+        raise ShapeInferenceError(
+            f"the shapes of the outputs {', '.join(missing[:8])} cannot be inferred from "
+            f"{_fmt(shapes)}; give the shapes of every data input.")
+    return out_shapes
+
+
+def _infer_dtypes(everything: mx.sym.Symbol, dtypes: dict) -> list:
+    try:
+        _, out_types, _ = everything.infer_type_partial(**dtypes)
+    except mx.base.MXNetError as e:
+        first = str(e).strip().splitlines()[0]
+        raise ShapeInferenceError(
+            f"MXNet cannot infer the graph's dtypes from {_fmt(dtypes)}: {first}") from e
+    names = everything.list_outputs()
+    missing = [n for n, t in zip(names, out_types) if t is None]
+    if missing:
+        raise ShapeInferenceError(
+            f"the dtypes of {', '.join(missing[:8])} cannot be inferred from {_fmt(dtypes)}; "
+            f"pass dtypes={{name: 'float32', ...}} for them.")
+    return [np.dtype(t).name for t in out_types]
+
+
+def _fmt(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items()) or "no inputs"
+
+
+def _classify(js: dict, aux: set[str], data_names: set[str]) -> dict[int, str]:
+    """Kind of every variable node: aux state, label, data or parameter."""
+    labels: set[int] = set()
+    for node in js["nodes"]:
+        pos = LABEL_INPUTS.get(node["op"])
+        if pos is not None and pos < len(node["inputs"]):
+            labels.add(node["inputs"][pos][0])
+    kinds = {}
+    for i, node in enumerate(js["nodes"]):
+        if node["op"] != "null":
+            continue
+        name = node["name"]
+        if name in aux:
+            kinds[i] = "aux"
+        elif i in labels or name.endswith("label"):
+            kinds[i] = "label"
+        elif name in data_names:
+            kinds[i] = "data"
+        else:
+            kinds[i] = "param"
+    return kinds
+
+
+def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = None,
+                  data_names: list[str] | None = None, **shapes: Any) -> Graph:
+    """Import ``symbol`` with the given input shapes into a :class:`~nnvm_passes.ir.Graph`.
+
+    ``shapes`` use ``simple_bind``'s keyword form (``data=(32, 3, 224, 224)``); ``dtypes``
+    maps input names to dtypes (float32 where not given). Variables are classified as
+    ``aux`` (auxiliary states), ``label`` (read as the label of a loss operator, or named
+    ``*label``), ``data`` (named in ``data_names``; by default, every input whose shape is
+    given) and ``param`` (everything else). The caller's symbol is not modified.
+    """
+    check_symbol(symbol)
+    js = json.loads(symbol.tojson())
+    arg_names = symbol.list_arguments()
+    aux_names = symbol.list_auxiliary_states()
+    inputs = arg_names + aux_names
+    _check_names(shapes, inputs, "shape")
+    _check_names(dict(dtypes or {}), inputs, "dtype")
+    shapes = {k: _check_shape(k, v) for k, v in shapes.items()}
+    if data_names is not None:
+        _check_names(dict.fromkeys(data_names), inputs, "data name")
+    type_dict = {k: "float32" for k in shapes}
+    type_dict.update({k: np.dtype(v).name for k, v in (dtypes or {}).items()})
+
+    everything = all_entries_symbol(js)
+    out_shapes = _infer_shapes(everything, shapes, arg_names, aux_names)
+    out_types = _infer_dtypes(everything, type_dict)
+    kinds = _classify(js, set(aux_names), set(shapes if data_names is None else data_names))
+
+    nodes, row = [], 0
+    row_ptr = js["node_row_ptr"]
+    for i, jn in enumerate(js["nodes"]):
+        n_out = row_ptr[i + 1] - row_ptr[i]
+        outputs = tuple(TensorInfo(tuple(int(d) for d in out_shapes[row + k]), out_types[row + k])
+                        for k in range(n_out))
+        row += n_out
+        extra = {k: json.dumps(v) for k, v in jn.items() if k not in _JSON_NODE_KEYS}
+        nodes.append(Node(
+            name=jn["name"], op=jn["op"], attrs=FrozenDict(jn.get("attrs", {})),
+            inputs=tuple(Entry(*e) for e in jn["inputs"]), outputs=outputs,
+            kind=kinds.get(i), extra=FrozenDict(extra)))
+    return Graph(nodes=tuple(nodes), heads=tuple(Entry(*e) for e in js["heads"]),
+                 attrs=FrozenDict({k: json.dumps(v) for k, v in js.get("attrs", {}).items()}))

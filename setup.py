@@ -1,0 +1,26 @@
+"""tofu_mx: automatic partitioning of very large MXNet models across several devices."""
+from setuptools import find_packages, setup
+
+setup(
+    name="tofu_mx",
+    version="0.1.0",
+    description="Tofu-style automatic tensor partitioning for Apache MXNet 1.9.1 and Gluon",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.8",
+    packages=find_packages(include=["tofu_mx", "tofu_mx.*", "nnvm_passes", "nnvm_passes.*"]),
+    install_requires=[
+        # MXNet 1.9.1 uses numpy aliases removed in numpy 1.24.
+        "numpy>=1.21,<1.24",
+        # MXNet's own pin; drawing also needs the `dot` program (Debian package graphviz).
+        "graphviz>=0.8.1,<0.9",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "cpu": ["mxnet==1.9.1"],
+        # Needs the CUDA 11.2 runtime libraries and cuDNN 8 on the machine to import.
+        "gpu": ["mxnet-cu112==1.9.1"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1"],
+    },
+    entry_points={"console_scripts": ["tofu-mx=tofu_mx.cli:main"]},
+)

@@ -1,0 +1,109 @@
+import json
+
+import mxnet as mx
+import pytest
+
+import tofu_mx
+from nnvm_passes import export_symbol, import_symbol
+
+
+def small_net():
+    data = mx.sym.var("data")
+    x = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), pad=(1, 1), name="c1")
+    x = mx.sym.BatchNorm(x, fix_gamma=False, name="bn1")
+    x = mx.sym.Dropout(x, p=0.5, name="drop")
+    x = mx.sym.FullyConnected(x, num_hidden=3, name="fc")
+    return mx.sym.SoftmaxOutput(x, name="softmax")
+
+
+def test_every_entry_has_its_shape_and_dtype_hidden_outputs_included():
+    g = import_symbol(small_net(), data=(2, 3, 5, 5))
+    assert g.node("c1").outputs[0].shape == (2, 4, 5, 5)
+    bn = g.node("bn1")
+    # BatchNorm has three outputs; the batch mean and variance are hidden from list_outputs.
+    assert [t.shape for t in bn.outputs] == [(2, 4, 5, 5), (4,), (4,)]
+    assert [t.shape for t in g.node("drop").outputs] == [(2, 4, 5, 5), (2, 4, 5, 5)]
+    assert g.node("fc_weight").outputs[0].shape == (3, 100)
+    assert all(t.dtype == "float32" for n in g.nodes for t in n.outputs)
+    assert g.output_infos[0].shape == (2, 3)
+
+
+def test_variables_are_classified():
+    g = import_symbol(small_net(), data=(2, 3, 5, 5))
+    kinds = {n.name: n.kind for n in g.variables()}
+    assert kinds == {"data": "data", "c1_weight": "param", "c1_bias": "param",
+                     "bn1_gamma": "param", "bn1_beta": "param", "bn1_moving_mean": "aux",
+                     "bn1_moving_var": "aux", "fc_weight": "param", "fc_bias": "param",
+                     "softmax_label": "label"}
+    assert all(n.kind is None for n in g.operators())
+    sym = small_net()
+    assert g.arg_names == sym.list_arguments()
+    assert g.aux_names == sym.list_auxiliary_states()
+
+
+def test_label_found_through_the_loss_op_whatever_its_name():
+    x = mx.sym.FullyConnected(mx.sym.var("x"), num_hidden=3, name="fc")
+    out = mx.sym.SoftmaxOutput(x, mx.sym.var("targets"), name="loss")
+    g = import_symbol(out, x=(2, 5))
+    assert g.node("targets").kind == "label" and g.node("x").kind == "data"
+
+
+def test_data_names_override_which_inputs_are_data():
+    g = import_symbol(small_net(), data=(2, 3, 5, 5), fc_weight=(3, 100), data_names=["data"])
+    assert g.node("fc_weight").kind == "param"
+    g = import_symbol(small_net(), data=(2, 3, 5, 5), fc_weight=(3, 100))
+    assert g.node("fc_weight").kind == "data"
+
+
+def test_dtypes_propagate():
+    g = import_symbol(small_net(), data=(2, 3, 5, 5), dtypes={"data": "float16"})
+    assert g.node("c1").outputs[0].dtype == "float16"
+    assert g.node("fc_weight").outputs[0].dtype == "float16"
+
+
+def test_round_trip_is_exact_and_symbol_untouched():
+    sym = small_net()
+    before = sym.tojson()
+    g = import_symbol(sym, data=(2, 3, 5, 5))
+    assert json.loads(export_symbol(g).tojson()) == json.loads(sym.tojson())
+    assert sym.tojson() == before
+
+
+def test_ctx_groups_and_hidden_attrs_survive_the_round_trip():
+    with mx.AttrScope(ctx_group="dev1"):
+        fc = mx.sym.FullyConnected(mx.sym.var("x"), num_hidden=2, name="fc", lr_mult=2.0)
+    g = import_symbol(fc, x=(1, 3))
+    assert g.node("fc").ctx_group == "dev1"
+    assert json.loads(export_symbol(g).tojson()) == json.loads(fc.tojson())
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def test_not_a_symbol():
+    with pytest.raises(tofu_mx.NotASymbolError, match="must be an mx.sym.Symbol, got dict"):
+        import_symbol({"op": "null"}, data=(1,))
+    net = mx.gluon.nn.Dense(3)
+    with pytest.raises(tofu_mx.NotASymbolError, match=r"net\(mx.sym.var\('data'\)\)"):
+        import_symbol(net, data=(1, 2))
+
+
+def test_unknown_input_name_suggests_the_close_one():
+    with pytest.raises(tofu_mx.UnknownInputError,
+                       match=r"'dta' \(did you mean 'data'\?\).*Its inputs are: data, c1_weight"):
+        import_symbol(small_net(), dta=(2, 3, 5, 5))
+    with pytest.raises(tofu_mx.UnknownInputError, match="dtype given for 'nope'"):
+        import_symbol(small_net(), data=(2, 3, 5, 5), dtypes={"nope": "float16"})
+
+
+@pytest.mark.parametrize("shape", [(), (2, 0, 5), (2, -1), "abc", (2.5, 3), None])
+def test_bad_shape_values(shape):
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="shape of input 'data' must be"):
+        import_symbol(small_net(), data=shape)
+
+
+def test_shapes_that_cannot_be_inferred():
+    with pytest.raises(tofu_mx.ShapeInferenceError, match="cannot be inferred.*data"):
+        import_symbol(small_net())
+    with pytest.raises(tofu_mx.ShapeInferenceError, match="cannot infer the graph's shapes"):
+        import_symbol(small_net(), data=(2, 3, 5, 5), fc_weight=(3, 7))  # fc needs (3, 100)
+    assert issubclass(tofu_mx.ShapeInferenceError, tofu_mx.TofuError)

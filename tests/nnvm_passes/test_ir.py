@@ -1,0 +1,46 @@
+import pytest
+
+from nnvm_passes.ir import (Entry, FrozenDict, Graph, Node, TensorInfo, format_attr_value,
+                            parse_attr_value)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("(3, 3)", (3, 3)), ("True", True), ("64", 64), ("0.5", 0.5), ("None", None),
+    ("relu", "relu"), ("NCHW", "NCHW"), ("(1,)", (1,)), ("(-1, 0, -3)", (-1, 0, -3)),
+])
+def test_attr_values_parse_and_format_like_mxnet(text, value):
+    assert parse_attr_value(text) == value
+    assert format_attr_value(value) == text
+
+
+def test_frozendict_is_hashable_and_updated_returns_self_when_unchanged():
+    d = FrozenDict({"a": "1", "b": "2"})
+    assert hash(d) == hash(FrozenDict({"a": "1", "b": "2"}))
+    assert d == {"a": "1", "b": "2"}
+    assert d.updated(a="1") is d
+    changed = d.updated(a="3")
+    assert changed["a"] == "3" and d["a"] == "1"
+    with pytest.raises(TypeError):
+        d["a"] = "x"  # read-only
+
+
+def test_node_replace_returns_self_when_nothing_changes():
+    node = Node("fc", "FullyConnected", FrozenDict({"num_hidden": "4", "__ctx_group__": "dev1"}),
+                (Entry(0),), (TensorInfo((2, 4), "float32"),))
+    assert node.replace(op="FullyConnected") is node
+    assert node.replace(op="Dropout").op == "Dropout" and node.op == "FullyConnected"
+    assert node.params == {"num_hidden": 4}
+    assert node.ctx_group == "dev1"
+    assert node.outputs[0].nbytes == 32
+
+
+def test_graph_lookups():
+    var = Node("x", "null", FrozenDict(), (), (TensorInfo((2, 3), "float16"),), kind="data")
+    op = Node("r", "relu", FrozenDict(), (Entry(0),), (TensorInfo((2, 3), "float16"),))
+    g = Graph((var, op), (Entry(1),))
+    assert g.node("r") is op and g.index("x") == 0
+    assert g.consumers() == {0: [(1, 0)], 1: []}
+    assert g.output_infos == [TensorInfo((2, 3), "float16")]
+    assert g.replace(heads=(Entry(1),)) is g
+    with pytest.raises(KeyError, match="no node named 'y'"):
+        g.node("y")

@@ -1,0 +1,5 @@
+import sys
+
+from tofu_mx.cli import main
+
+sys.exit(main())

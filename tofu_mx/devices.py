@@ -1,0 +1,98 @@
+"""Device lists and the ctx-group names that place graph nodes on them."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import warnings
+from typing import Any, Iterator, Mapping, Sequence
+
+import mxnet as mx
+
+from tofu_mx.errors import ContextError
+
+_GROUP = re.compile(r"dev(\d+)$")
+
+
+def group_name(index: int) -> str:
+    """The ctx group of device ``index``: ``dev<index>``."""
+    return f"dev{index}"
+
+
+def check_contexts(ctx: Any) -> list[mx.Context]:
+    """A non-empty list of distinct ``mx.Context``; a single Context is a list of one."""
+    if isinstance(ctx, mx.Context):
+        ctx = [ctx]
+    if isinstance(ctx, (str, bytes)) or not isinstance(ctx, Sequence):
+        raise ContextError(
+            f"ctx must be a list of mx.Context, got {type(ctx).__name__} {ctx!r}; "
+            f"e.g. ctx=[mx.cpu(0), mx.cpu(1)]")
+    if not ctx:
+        raise ContextError("ctx is empty; give at least one device, e.g. ctx=[mx.cpu(0)]")
+    bad = [c for c in ctx if not isinstance(c, mx.Context)]
+    if bad:
+        raise ContextError(
+            f"ctx must hold mx.Context objects, got {bad[0]!r} ({type(bad[0]).__name__}); "
+            f"e.g. ctx=[mx.gpu(0), mx.gpu(1)]")
+    seen: dict[mx.Context, int] = {}
+    for i, c in enumerate(ctx):
+        if c in seen:
+            raise ContextError(
+                f"ctx lists {c} twice (positions {seen[c]} and {i}); give each device once")
+        seen[c] = i
+    return list(ctx)
+
+
+def resolve_group2ctx(groups: Sequence[str], ctx: Sequence[mx.Context],
+                      group2ctx: Mapping[str, Any] | None = None) -> dict[str, mx.Context]:
+    """Map every ctx group in ``groups`` to a Context.
+
+    An explicit ``group2ctx`` entry wins (a Context, or an int indexing ``ctx``); otherwise a
+    group named ``dev<i>`` maps to ``ctx[i]``.
+    """
+    out: dict[str, mx.Context] = {}
+    for group in groups:
+        if group2ctx is not None and group in group2ctx:
+            target = group2ctx[group]
+            if isinstance(target, int) and 0 <= target < len(ctx):
+                target = ctx[target]
+            if not isinstance(target, mx.Context):
+                raise ContextError(f"group2ctx[{group!r}] must be an mx.Context or an index "
+                                   f"into ctx (0..{len(ctx) - 1}), got {target!r}")
+            out[group] = target
+            continue
+        match = _GROUP.match(group)
+        if not match or int(match.group(1)) >= len(ctx):
+            raise ContextError(
+                f"ctx group {group!r} has no device: ctx has {len(ctx)} devices "
+                f"(groups dev0..dev{len(ctx) - 1}); pass group2ctx={{{group!r}: mx.cpu(1)}} "
+                f"or give more devices")
+        out[group] = ctx[int(match.group(1))]
+    return out
+
+
+def warn_if_mkldnn_across_cpus(contexts: Sequence[mx.Context]) -> None:
+    """Warn when a graph will span several CPU devices with MKLDNN kernels switched on."""
+    cpus = {c for c in contexts if c.device_type == "cpu"}
+    if len(cpus) > 1 and os.environ.get("MXNET_MKLDNN_ENABLED", "1") != "0" \
+            and mx.runtime.Features().is_enabled("MKLDNN"):
+        warnings.warn(
+            f"MXNET_MKLDNN_ENABLED={os.environ.get('MXNET_MKLDNN_ENABLED', '1')}: MXNet 1.9.1's "
+            f"MKLDNN kernels compute wrong values when a graph spans several CPU devices "
+            f"({', '.join(map(str, sorted(cpus, key=str)))}). Set MXNET_MKLDNN_ENABLED=0 "
+            f"before the first MXNet operator runs (importing tofu_mx first does this).",
+            RuntimeWarning, stacklevel=3)
+
+
+@contextlib.contextmanager
+def no_subgraph_backend() -> Iterator[None]:
+    """Bind with MXNet's subgraph backend off: MKLDNN's fusion can drop ctx groups."""
+    old = os.environ.get("MXNET_SUBGRAPH_BACKEND")
+    os.environ["MXNET_SUBGRAPH_BACKEND"] = "NONE"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MXNET_SUBGRAPH_BACKEND"]
+        else:
+            os.environ["MXNET_SUBGRAPH_BACKEND"] = old

@@ -1,0 +1,41 @@
+"""The package's exceptions: one base class, a few subclasses.
+
+Every message says what went wrong, the values involved, and what to do about it.
+Subclasses also derive from the matching built-in (``ValueError``, ``TypeError``) so that
+generic handlers keep working.
+"""
+
+
+class TofuError(Exception):
+    """Base class of every error raised by tofu_mx and nnvm_passes."""
+
+
+class InvalidArgumentError(TofuError, ValueError):
+    """An argument has a value that cannot be used (a bad shape, an empty list, ...)."""
+
+
+class NotASymbolError(TofuError, TypeError):
+    """An argument that must be an ``mx.sym.Symbol`` is something else."""
+
+
+class UnknownInputError(InvalidArgumentError):
+    """A shape or dtype was given for a name that is not an input of the symbol."""
+
+
+class ContextError(InvalidArgumentError):
+    """The device list is empty, has duplicates, or holds something that is not a Context."""
+
+
+class ShapeInferenceError(TofuError):
+    """MXNet cannot infer every shape (or dtype) of the graph from the given inputs."""
+
+
+class VerificationError(TofuError):
+    """A multi-device graph does not compute what its single-device reference computes.
+
+    ``report`` holds the full :class:`tofu_mx.verify.VerificationReport`.
+    """
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report
