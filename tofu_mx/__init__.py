@@ -3,7 +3,11 @@
 The pipeline (see DESIGN.md): import -> annotate (TDL) -> analyse -> coarsen -> search ->
 rewrite -> bind. What exists today: the graph import/export (:mod:`nnvm_passes`), the
 paper's models (:mod:`tofu_mx.models`), graph summaries and :func:`verify`.
+
+Importing this package loads only the errors: ``nnvm_passes`` imports them, and everything
+else here imports ``nnvm_passes``, so the rest is loaded on first use.
 """
+import importlib as _importlib
 import os as _os
 
 # MXNet 1.9.1's MKLDNN kernels give wrong values (not an error) when a graph spans several
@@ -15,15 +19,37 @@ _os.environ.setdefault("MXNET_MKLDNN_ENABLED", "0")
 # With MKLDNN off, MXNet logs a "storage fallback" warning per operator; they are harmless.
 _os.environ.setdefault("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", "0")
 
-from tofu_mx.errors import (ContextError, InvalidArgumentError, NotASymbolError,
-                            ShapeInferenceError, TofuError, UnknownInputError,
-                            VerificationError)
-from tofu_mx import models
-from tofu_mx.summary import GraphSummary, summarize
-from tofu_mx.verify import TensorComparison, VerificationReport, verify
+from tofu_mx.errors import (BindError, ContextError, InvalidArgumentError,  # noqa: E402
+                            NotASymbolError, ShapeInferenceError, TofuError,
+                            UnknownInputError, VerificationError)
 
 __version__ = "0.1.0"
 
-__all__ = ["ContextError", "GraphSummary", "InvalidArgumentError", "NotASymbolError",
-           "ShapeInferenceError", "TensorComparison", "TofuError", "UnknownInputError",
-           "VerificationError", "VerificationReport", "models", "summarize", "verify"]
+_LAZY = {
+    "verify": "tofu_mx.verification",
+    "VerificationReport": "tofu_mx.verification",
+    "TensorComparison": "tofu_mx.verification",
+    "summarize": "tofu_mx.summary",
+    "GraphSummary": "tofu_mx.summary",
+}
+_SUBMODULES = ("models", "devices", "values", "summary", "verification", "cli")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"tofu_mx.{name}")
+    raise AttributeError(f"module 'tofu_mx' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
+
+
+__all__ = ["BindError", "ContextError", "GraphSummary", "InvalidArgumentError",
+           "NotASymbolError", "ShapeInferenceError", "TensorComparison", "TofuError",
+           "UnknownInputError", "VerificationError", "VerificationReport", "models",
+           "summarize", "verify"]

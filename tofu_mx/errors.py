@@ -30,10 +30,14 @@ class ShapeInferenceError(TofuError):
     """MXNet cannot infer every shape (or dtype) of the graph from the given inputs."""
 
 
+class BindError(TofuError):
+    """MXNet refused to bind a graph (usually: a variable placed apart from its consumer)."""
+
+
 class VerificationError(TofuError):
     """A multi-device graph does not compute what its single-device reference computes.
 
-    ``report`` holds the full :class:`tofu_mx.verify.VerificationReport`.
+    ``report`` holds the full :class:`tofu_mx.verification.VerificationReport`.
     """
 
     def __init__(self, message: str, report=None):

@@ -39,6 +39,7 @@ def assert_round_trip(sym, shapes):
     graph = import_symbol(sym, **shapes)
     exported = export_symbol(graph)
     assert json.loads(exported.tojson()) == json.loads(sym.tojson())
+    assert exported.tojson() == sym.tojson()  # byte for byte, too
     assert sym.tojson() == before, "import must not modify the caller's symbol"
     values = random_inputs(graph, seed=1)
     outputs = []

@@ -15,7 +15,7 @@ from nnvm_passes.ir import Graph
 from nnvm_passes.transforms import disable_dropout
 from tofu_mx.devices import (check_contexts, no_subgraph_backend, resolve_group2ctx,
                              warn_if_mkldnn_across_cpus)
-from tofu_mx.errors import InvalidArgumentError, VerificationError
+from tofu_mx.errors import BindError, InvalidArgumentError, VerificationError
 from tofu_mx.values import index_range, random_inputs
 
 
@@ -156,9 +156,17 @@ def _run(graph: Graph, ctx0: mx.Context, group2ctx: dict | None, values: dict,
     # MKLDNN's subgraph passes are inference-only: they can drop ctx groups, and MXNet skips
     # them when any gradient is requested, so they are switched off only for such binds.
     no_grad = all(req == "null" for req in grad_req.values())
-    with no_subgraph_backend() if no_grad else contextlib.nullcontext():
-        exe = export_symbol(graph).simple_bind(ctx=ctx0, grad_req=grad_req, type_dict=types,
-                                               group2ctx=group2ctx, **shapes)
+    try:
+        with no_subgraph_backend() if no_grad else contextlib.nullcontext():
+            exe = export_symbol(graph).simple_bind(ctx=ctx0, grad_req=grad_req,
+                                                   type_dict=types, group2ctx=group2ctx, **shapes)
+    except (mx.base.MXNetError, RuntimeError) as e:
+        cause = [line for line in str(e).splitlines() if "Error" in line or "failed" in line]
+        raise BindError(
+            f"MXNet cannot bind the {'candidate' if group2ctx else 'reference'} on "
+            f"{sorted(set(map(str, (group2ctx or {}).values()))) or [str(ctx0)]}: "
+            f"{(cause or [str(e)])[-1].strip()}. Give every variable the ctx group of the "
+            f"operator that reads it (nnvm_passes.place does this).") from e
     for name, array in list(exe.arg_dict.items()) + list(exe.aux_dict.items()):
         array[:] = values[name]
     exe.forward(is_train=True)

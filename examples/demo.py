@@ -1,0 +1,53 @@
+"""tofu_mx demo: import the paper's models and summarise them, then prove a multi-device
+graph correct with verify().
+
+Until the partitioner lands (issues 3-5), the multi-device graph is a hand placement: each
+WResNet stage on its own CPU device. Run with `make demo`.
+"""
+import re
+import time
+
+import mxnet as mx
+
+import tofu_mx
+from nnvm_passes import export_symbol, import_symbol, place
+from tofu_mx import models
+
+
+def show(title, symbol, shapes):
+    start = time.perf_counter()
+    graph = import_symbol(symbol, **shapes)
+    took = time.perf_counter() - start
+    print(f"\n== {title}  ({len(graph.nodes)} nodes, imported with shapes in {took:.2f} s)")
+    print(tofu_mx.summarize(graph))
+
+
+def main():
+    print("The paper's models at the paper's sizes (symbols only: nothing is allocated).")
+    show("WResNet-152, widen 10, batch 8, 224x224", models.wresnet(152, 10),
+         models.input_shapes("wresnet", 8))
+    show("LSTM LM, 10 layers, hidden 8192, 20 steps, vocab 10000, batch 8",
+         models.rnn(10, 8192, 20, 10000), models.input_shapes("rnn", 8, seq_len=20))
+    show("Transformer encoder, 12 layers, 1024 units, 16 heads, 128 tokens, batch 8",
+         models.transformer(12, 1024, 16, 128, 30000), models.input_shapes("transformer", 8,
+                                                                           seq_len=128))
+
+    print("\n== verify(): WResNet-26 (widen 2, 64x64) with stage i on cpu(i-1), against cpu(0)")
+    symbol = models.wresnet(26, widen=2, num_classes=10)
+    shapes = models.input_shapes("wresnet", 4, image_size=64)
+
+    def stage_device(node):
+        match = re.match(r"stage(\d+)", node.name)
+        return f"dev{int(match.group(1)) - 1 if match else 0}"
+
+    candidate = export_symbol(place(import_symbol(symbol, **shapes), stage_device))
+    ctx = [mx.cpu(i) for i in range(4)]
+    start = time.perf_counter()
+    report = tofu_mx.verify(symbol, candidate, ctx, **shapes)
+    print(f"{len(report.comparisons)} tensors compared in {time.perf_counter() - start:.1f} s; "
+          f"worst: {report.worst.describe()}")
+    print(str(report).splitlines()[-1])
+
+
+if __name__ == "__main__":
+    main()
