@@ -1,0 +1,99 @@
+"""Convolution and pooling (NCHW-style layouts, 1-D to 3-D)."""
+import math
+
+from tofu_mx.tdl import Max, Sum, in_range, lam, op, where
+
+
+def _spatial(attrs, key, n, default):
+    value = attrs.get(key, ())
+    return tuple(value) if value else (default,) * n
+
+
+@op("Convolution", examples=[
+    ({"kernel": (3, 3), "num_filter": 4, "pad": (1, 1)}, [(2, 3, 5, 5), (4, 3, 3, 3), (4,)]),
+    ({"kernel": (3, 3), "num_filter": 4, "stride": (2, 2), "no_bias": True},
+     [(2, 3, 7, 7), (4, 3, 3, 3)]),
+    ({"kernel": (3, 3), "num_filter": 4, "dilate": (2, 2), "pad": (2, 2), "no_bias": True},
+     [(1, 2, 6, 6), (4, 2, 3, 3)]),
+    ({"kernel": (3, 3), "num_filter": 6, "num_group": 3, "pad": (1, 1)},
+     [(2, 6, 4, 4), (6, 2, 3, 3), (6,)]),
+    ({"kernel": (3, 3), "num_filter": 4, "num_group": 4, "pad": (1, 1), "no_bias": True},
+     [(1, 4, 5, 5), (4, 1, 3, 3)]),
+    ({"kernel": (3,), "num_filter": 3, "pad": (1,), "stride": (2,)}, [(2, 2, 7), (3, 2, 3), (3,)]),
+    ({"kernel": (7, 1), "num_filter": 2, "pad": (3, 0), "no_bias": True},
+     [(1, 2, 8, 3), (2, 2, 7, 1)]),
+])
+def convolution(attrs, data, weight, bias=None):
+    """y[b, co, x..] = sum_{ci, d..} data[b, g(co)*Cg + ci, x*stride + d*dilate - pad]
+    * weight[co, ci, d..] (+ bias[co]); g(co) = co // (filters per group)."""
+    n = data.ndim - 2
+    stride, dilate = _spatial(attrs, "stride", n, 1), _spatial(attrs, "dilate", n, 1)
+    pad = _spatial(attrs, "pad", n, 0)
+    groups = int(attrs.get("num_group", 1))
+    in_per_group, out_per_group = data.shape[1] // groups, weight.shape[0] // groups
+    padded = data.padded(0.0)
+    with_bias = bias is not None and not attrs.get("no_bias", False)
+
+    def out(b, co, *xs):
+        def window(ci, *ds):
+            pos = tuple(x * s + d * dl - p for x, d, s, dl, p in zip(xs, ds, stride, dilate, pad))
+            return padded[(b, (co // out_per_group) * in_per_group + ci, *pos)] * \
+                weight[(co, ci, *ds)]
+        total = Sum(lam(["ci"] + [f"d{k}" for k in range(n)], window))
+        return total + bias[co] if with_bias else total
+    return lam(["b", "co"] + [f"x{k}" for k in range(n)], out)
+
+
+def _pool_window_count(shape, xs, kernel, stride, pad, include_pad):
+    """How many window elements avg pooling divides by at output position ``xs``."""
+    n = len(kernel)
+
+    def inside(*ds):
+        value = 1.0
+        for x, d, k, s, p, size in zip(xs, ds, kernel, stride, pad, shape):
+            lo, hi = (-p, size + p) if include_pad else (0, size)
+            value = where(in_range(x * s + d - p, lo, hi), value, 0.0)
+        return value
+    return Sum(lam([f"c{k}" for k in range(n)], inside), *kernel)
+
+
+@op("Pooling", examples=[
+    ({"kernel": (2, 2), "stride": (2, 2), "pool_type": "max"}, [(2, 3, 4, 4)]),
+    ({"kernel": (3, 3), "stride": (2, 2), "pad": (1, 1), "pool_type": "max"}, [(1, 2, 5, 5)]),
+    ({"kernel": (3, 3), "stride": (1, 1), "pad": (1, 1), "pool_type": "avg"}, [(1, 2, 4, 4)]),
+    ({"kernel": (3, 3), "stride": (1, 1), "pad": (1, 1), "pool_type": "avg",
+      "count_include_pad": False}, [(1, 2, 4, 4)]),
+    ({"kernel": (3, 3), "stride": (2, 2), "pool_type": "max", "pooling_convention": "full"},
+     [(1, 2, 6, 6)]),
+    ({"kernel": (3, 3), "stride": (2, 2), "pool_type": "avg", "pooling_convention": "full"},
+     [(1, 2, 6, 6)]),
+    ({"kernel": (2, 2), "pool_type": "sum", "stride": (2, 2)}, [(1, 2, 4, 4)]),
+    ({"global_pool": True, "kernel": (1, 1), "pool_type": "avg"}, [(2, 3, 3, 4)]),
+    ({"global_pool": True, "kernel": (1, 1), "pool_type": "max"}, [(2, 3, 3, 4)]),
+    ({"kernel": (3,), "stride": (2,), "pool_type": "avg"}, [(2, 2, 7)]),
+])
+def pooling(attrs, data):
+    """Max, average or sum over a window; windows reach into the pad (and, with the "full"
+    convention, past it), which max ignores and average counts as MXNet does."""
+    n = data.ndim - 2
+    spatial = data.shape[2:]
+    if attrs.get("global_pool", False):
+        kernel, stride, pad = tuple(spatial), (1,) * n, (0,) * n
+    else:
+        kernel = tuple(attrs["kernel"])
+        stride, pad = _spatial(attrs, "stride", n, 1), _spatial(attrs, "pad", n, 0)
+    kind = attrs.get("pool_type", "max")
+    source = data.padded(-math.inf if kind == "max" else 0.0)
+
+    def out(b, c, *xs):
+        def window(*ds):
+            return source[(b, c, *(x * s + d - p for x, d, s, p in zip(xs, ds, stride, pad)))]
+        names = [f"d{k}" for k in range(n)]
+        if kind == "max":
+            return Max(lam(names, window), *kernel)
+        total = Sum(lam(names, window), *kernel)
+        if kind == "sum":
+            return total
+        include = attrs.get("count_include_pad", True)
+        return total / _pool_window_count(spatial, xs, kernel, stride, pad, include)
+    return lam(["b", "c"] + [f"x{k}" for k in range(n)], out)

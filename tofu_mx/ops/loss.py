@@ -1,0 +1,38 @@
+"""Loss heads. Their forward pass ignores the label; the gradient reads it, which the
+descriptions declare with ``depends`` so the label gets a region like the data's."""
+from tofu_mx.tdl import Max, Sum, depends, exp, lam, op, sigmoid
+
+
+@op("SoftmaxOutput", examples=[({}, [(3, 5), (3,)]), ({"multi_output": True}, [(2, 3, 4), (2, 4)]),
+                               ({"preserve_shape": True}, [(2, 3, 4), (2, 3)]),
+                               ({}, [(2, 3, 2), (2, 3)]), ({"grad_scale": 2.0}, [(4, 3), (4,)])])
+def softmax_output(attrs, data, label):
+    """softmax over axis 1 (multi_output), the last axis (preserve_shape), or every axis but
+    the first (the default: MXNet flattens the trailing axes into one)."""
+    if attrs.get("multi_output", False):
+        axes = [1]
+    elif attrs.get("preserve_shape", False):
+        axes = [data.ndim - 1]
+    else:
+        axes = list(range(1, data.ndim))
+    kept = [a for a in range(data.ndim) if a not in axes]
+
+    def out(*i):
+        def along(r):
+            return data[tuple(r[axes.index(a)] if a in axes else i[a] for a in range(data.ndim))]
+        top = Max(lam(len(axes), lambda *r: along(r), prefix="m"))
+        total = Sum(lam(len(axes), lambda *r: exp(along(r) - top), prefix="s"))
+        # The label has the kept axes, or (default mode) a prefix of data's axes.
+        label_index = tuple(i[a] for a in kept) if label.ndim == len(kept) else i[:label.ndim]
+        return depends(exp(data[i] - top) / total, label[label_index])
+    return lam(data.ndim, out)
+
+
+def _regression(name, f):
+    op(name, examples=[({}, [(3, 4), (3, 4)]), ({"grad_scale": 0.5}, [(2, 3), (2, 3)])])(
+        lambda attrs, data, label: lam(data.ndim, lambda *i: depends(f(data[i]), label[i])))
+
+
+_regression("LinearRegressionOutput", lambda x: x)
+_regression("MAERegressionOutput", lambda x: x)
+_regression("LogisticRegressionOutput", sigmoid)

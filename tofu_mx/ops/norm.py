@@ -1,0 +1,74 @@
+"""Normalisation: BatchNorm (training mode: batch statistics) and LayerNorm.
+
+BatchNorm split on the batch axis is *not* offered as a cheap strategy: its output at one
+sample depends on every sample through the batch mean and variance, and the interval analysis
+sees exactly that (a batch split needs the whole input). Per-device statistics would compute a
+different function, so synchronised statistics are left to a later strategy. Splitting the
+channel axis is exact and cheap.
+"""
+from tofu_mx.tdl import Sum, depends, lam, op, rsqrt
+
+
+def _normalise(data, axes_kept, eps):
+    """mean and biased variance over every axis but ``axes_kept`` (as functions of the kept
+    coordinates), using reduction variables named r0.. and s0.."""
+    reduced = [a for a in range(data.ndim) if a not in axes_kept]
+    count = 1
+    for a in reduced:
+        count *= data.shape[a]
+
+    def at(kept, free):
+        index = [None] * data.ndim
+        for a, v in zip(axes_kept, kept):
+            index[a] = v
+        for a, v in zip(reduced, free):
+            index[a] = v
+        return data[tuple(index)]
+
+    def mean(kept, prefix):
+        return Sum(lam(len(reduced), lambda *free: at(kept, free), prefix=prefix)) / count
+
+    def inv_std(kept):
+        m = mean(kept, "r")
+        return rsqrt(Sum(lam(len(reduced), lambda *free: (at(kept, free) - m) * (at(kept, free) - m),
+                             prefix="s")) / count + eps)
+    return mean, inv_std
+
+
+@op("BatchNorm", examples=[
+    ({"fix_gamma": False}, [(4, 3, 2, 2), (3,), (3,), (3,), (3,)]),
+    ({"fix_gamma": True, "eps": 2e-5}, [(4, 3, 2, 2), (3,), (3,), (3,), (3,)]),
+    ({"fix_gamma": False, "axis": 1}, [(5, 2), (2,), (2,), (2,), (2,)]),
+    ({"fix_gamma": False, "axis": -1}, [(2, 3, 4), (4,), (4,), (4,), (4,)]),
+    ({"fix_gamma": False, "use_global_stats": True}, [(2, 3, 2, 2), (3,), (3,), (3,), (3,)]),
+], rtol=1e-3, atol=1e-4)
+def batch_norm(attrs, data, gamma, beta, moving_mean, moving_var):
+    axis = int(attrs.get("axis", 1)) % data.ndim
+    eps = float(attrs.get("eps", 1e-3))
+    mean, inv_std = _normalise(data, [axis], eps)
+
+    def out(*i):
+        c = i[axis]
+        scale = 1.0 if attrs.get("fix_gamma", True) else gamma[c]
+        if attrs.get("use_global_stats", False):
+            normed = (data[i] - moving_mean[c]) * rsqrt(moving_var[c] + eps)
+        else:
+            # The moving statistics are updated in place from the batch statistics.
+            normed = depends((data[i] - mean([c], "m")) * inv_std([c]),
+                             moving_mean[c], moving_var[c])
+        return normed * scale + beta[c]
+    return lam(data.ndim, out)
+
+
+@op("LayerNorm", examples=[({}, [(2, 3, 4), (4,), (4,)]), ({"axis": 1}, [(2, 3, 4), (3,), (3,)]),
+                           ({"eps": 1e-3}, [(3, 5), (5,), (5,)])], rtol=1e-3, atol=1e-4)
+def layer_norm(attrs, data, gamma, beta):
+    axis = int(attrs.get("axis", -1)) % data.ndim
+    eps = float(attrs.get("eps", 1e-5))
+    kept = [a for a in range(data.ndim) if a != axis]
+    mean, inv_std = _normalise(data, kept, eps)
+
+    def out(*i):
+        k = [i[a] for a in kept]
+        return (data[i] - mean(k, "m")) * inv_std(k) * gamma[i[axis]] + beta[i[axis]]
+    return lam(data.ndim, out)

@@ -1,0 +1,167 @@
+"""Shape and layout: Reshape (every special code), Flatten, expand_dims, squeeze, transpose,
+slice, slice_axis, SliceChannel (split), Concat, stack."""
+import numpy as np
+
+from tofu_mx.tdl import in_range, lam, op, where
+
+
+def _runs(out_shape, in_shape):
+    """Pair runs of output axes with runs of input axes of equal total size. A reshape keeps
+    row-major order, so each output run is read from its partner run alone."""
+    runs, i, j = [], 0, 0
+    while i < len(out_shape) or j < len(in_shape):
+        outs, ins, po, pi = [], [], 1, 1
+        if i < len(out_shape):
+            outs.append(i)
+            po, i = po * out_shape[i], i + 1
+        if j < len(in_shape):
+            ins.append(j)
+            pi, j = pi * in_shape[j], j + 1
+        while po != pi:
+            if po < pi:
+                outs.append(i)
+                po, i = po * out_shape[i], i + 1
+            else:
+                ins.append(j)
+                pi, j = pi * in_shape[j], j + 1
+        runs.append((outs, ins))
+    return runs
+
+
+def _strides(shape, axes):
+    return [int(np.prod([shape[b] for b in axes[k + 1:]], dtype=np.int64)) for k in range(len(axes))]
+
+
+def same_order(data, out_shape):
+    """The lambda of any reshape: out[i] = data[j], j being i re-read in data's shape."""
+    in_shape = data.shape
+    runs = _runs(tuple(out_shape), in_shape)
+
+    def read(*i):
+        index = [0] * len(in_shape)
+        for outs, ins in runs:
+            linear = sum((i[a] * s for a, s in zip(outs, _strides(out_shape, outs))), 0)
+            for k, (a, stride) in enumerate(zip(ins, _strides(in_shape, ins))):
+                part = linear // stride
+                index[a] = part if k == 0 else part % in_shape[a]
+        return data[tuple(index)]
+    return lam(len(out_shape), read)
+
+
+def _reshaping(name, examples):
+    op(name, examples=examples)(lambda attrs, data: same_order(data, attrs.output_shapes[0]))
+
+
+_reshaping("Reshape", [
+    ({"shape": (-1, 4)}, [(2, 3, 4)]), ({"shape": (0, 0, 2, -1)}, [(2, 3, 4)]),
+    ({"shape": (-3, 0)}, [(2, 3, 4)]), ({"shape": (-4, -1, 2, 0, 0)}, [(4, 3, 5)]),
+    ({"shape": (0, -2)}, [(2, 3, 4)]), ({"shape": (0, 0, -3)}, [(2, 3, 2, 2)]),
+    ({"shape": (6, 4)}, [(4, 6)]), ({"shape": (-1,)}, [(3, 1, 2)]),
+    ({"shape": (2, 3, 1)}, [(6,)]), ({"shape": (-1, 2), "reverse": True}, [(3, 4)]),
+])
+_reshaping("Flatten", [({}, [(2, 3, 4)]), ({}, [(2, 5)])])
+_reshaping("expand_dims", [({"axis": 1}, [(2, 3)]), ({"axis": -1}, [(2, 3)]), ({"axis": 0}, [(4,)])])
+_reshaping("squeeze", [({}, [(2, 1, 3, 1)]), ({"axis": 1}, [(2, 1, 3)])])
+
+
+@op("transpose", examples=[({"axes": (0, 2, 1, 3)}, [(2, 3, 4, 5)]), ({}, [(2, 3, 4)]),
+                           ({"axes": (1, 0)}, [(3, 5)])])
+def transpose(attrs, data):
+    axes = tuple(attrs.get("axes", ())) or tuple(reversed(range(data.ndim)))
+
+    def read(*i):
+        index = [None] * data.ndim
+        for k, a in enumerate(axes):
+            index[a] = i[k]
+        return data[tuple(index)]
+    return lam(data.ndim, read)
+
+
+def _bound(value, n, default):
+    if value is None:
+        return default
+    return value + n if value < 0 else value
+
+
+@op("slice", examples=[({"begin": (1, 0), "end": (3, 4)}, [(4, 5)]),
+                       ({"begin": (0, None, 1), "end": (None, 4, 5), "step": (1, 2, 2)}, [(2, 5, 6)]),
+                       ({"begin": (-3,), "end": (-1,)}, [(6, 2)]),
+                       ({"begin": (4,), "end": (0,), "step": (-2,)}, [(6, 2)])])
+def slice_(attrs, data):
+    begin, step = tuple(attrs["begin"]), tuple(attrs.get("step", ()) or ())
+    step = step + (None,) * (len(begin) - len(step))
+
+    def read(*i):
+        index = list(i)
+        for a, (b, s) in enumerate(zip(begin, step)):
+            s = 1 if s is None else s
+            start = _bound(b, data.shape[a], 0 if s > 0 else data.shape[a] - 1)
+            index[a] = start + i[a] * s
+        return data[tuple(index)]
+    return lam(data.ndim, read)
+
+
+@op("slice_axis", examples=[({"axis": 1, "begin": 1, "end": 3}, [(2, 4)]),
+                            ({"axis": 0, "begin": -2, "end": None}, [(5, 2)])])
+def slice_axis(attrs, data):
+    axis = int(attrs["axis"]) % data.ndim
+    start = _bound(attrs["begin"], data.shape[axis], 0)
+    return lam(data.ndim, lambda *i: data[tuple(start + x if a == axis else x
+                                                for a, x in enumerate(i))])
+
+
+@op("SliceChannel", examples=[({"num_outputs": 2}, [(2, 4, 3)]),
+                              ({"num_outputs": 3, "axis": 1, "squeeze_axis": True}, [(2, 3, 4)]),
+                              ({"num_outputs": 2, "axis": -1}, [(2, 3, 4)]),
+                              ({"num_outputs": 4, "axis": 0}, [(8, 2)])])
+def slice_channel(attrs, data):
+    """Output k is the k-th equal piece along ``axis``; every output shares the variables."""
+    n = int(attrs["num_outputs"])
+    axis = int(attrs.get("axis", 1)) % data.ndim
+    width = data.shape[axis] // n
+    squeeze = attrs.get("squeeze_axis", False)
+    names = [f"i{a}" for a in range(data.ndim) if not (squeeze and a == axis)]
+
+    def piece(k):
+        def read(*i):
+            i = list(i)
+            if squeeze:
+                i.insert(axis, 0)
+            i[axis] = k * width + i[axis]
+            return data[tuple(i)]
+        return lam(names, read)
+    return tuple(piece(k) for k in range(n))
+
+
+@op("Concat", examples=[({"dim": 1, "num_args": 2}, [(2, 3), (2, 4)]),
+                        ({"dim": 1, "num_args": 3}, [(1, 2, 2, 2), (1, 3, 2, 2), (1, 1, 2, 2)]),
+                        ({"dim": 0, "num_args": 2}, [(2, 3), (1, 3)])])
+def concat(attrs, *data):
+    axis = int(attrs.get("dim", 1)) % data[0].ndim
+    offsets = np.cumsum([0] + [d.shape[axis] for d in data]).tolist()
+
+    def read(*i):
+        def piece(k):
+            index = tuple(x - offsets[k] if a == axis else x for a, x in enumerate(i))
+            if k == len(data) - 1:
+                return data[k][index]
+            return where(in_range(i[axis], offsets[k], offsets[k + 1]), data[k][index], piece(k + 1))
+        return piece(0)
+    return lam(data[0].ndim, read)
+
+
+@op("stack", examples=[({"axis": 1, "num_args": 3}, [(2, 4)] * 3), ({"axis": 0, "num_args": 2}, [(3,)] * 2),
+                       ({"axis": -1, "num_args": 2}, [(2, 3)] * 2)])
+def stack(attrs, *data):
+    rank = data[0].ndim + 1
+    axis = int(attrs.get("axis", 0)) % rank
+
+    def read(*i):
+        rest = tuple(x for a, x in enumerate(i) if a != axis)
+
+        def piece(k):
+            if k == len(data) - 1:
+                return data[k][rest]
+            return where(in_range(i[axis], k, k + 1), data[k][rest], piece(k + 1))
+        return piece(0)
+    return lam(rank, read)

@@ -1,0 +1,26 @@
+"""TDL: describe an operator's semantics once; its partition strategies are derived.
+
+Write a description as a function of the attributes and inputs that returns a lambda over
+output coordinates, and register it with examples (attributes and input shapes) that check it
+against MXNet's kernel::
+
+    from tofu_mx import tdl
+
+    @tdl.op("FullyConnected", examples=[({"num_hidden": 4}, [(2, 3), (4, 3), (4,)])])
+    def fully_connected(attrs, data, weight, bias=None):
+        ...
+        return lambda b, o: tdl.Sum(lambda i: data[b, i] * weight[o, i]) + bias[o]
+
+See :mod:`tofu_mx.tdl.lang` for the language, :mod:`tofu_mx.tdl.analysis` for how strategies
+are derived, and :mod:`tofu_mx.ops` for the built-in descriptions.
+"""
+from tofu_mx.tdl.lang import (Max, Min, Sum, TDLError, absolute, depends, erf, exp, expm1,
+                              floor, greater, in_range, index, lam, less, log, log1p, maximum,
+                              minimum, relu, rsqrt, sigmoid, sign, softrelu, softsign, sqrt,
+                              square, tanh, where)
+from tofu_mx.tdl.registry import Attrs, Description, Opaque, lookup, op, opaque, registered
+
+__all__ = ["Attrs", "Description", "Max", "Min", "Opaque", "Sum", "TDLError", "absolute",
+           "depends", "erf", "exp", "expm1", "floor", "greater", "in_range", "index", "lam", "less",
+           "log", "log1p", "lookup", "maximum", "minimum", "op", "opaque", "registered", "relu",
+           "rsqrt", "sigmoid", "sign", "softrelu", "softsign", "sqrt", "square", "tanh", "where"]
