@@ -177,15 +177,19 @@ def example_graph(op: str, example: Example) -> Graph:
 
 
 def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequence[int]]]],
-       train: bool = True, rtol: float = 1e-4, atol: float = 1e-5,
-       note: str = "") -> Callable[[Callable], Callable]:
+       train: bool = True, rtol: float = 1e-4, atol: float = 1e-5, note: str = "",
+       replace: bool = False) -> Callable[[Callable], Callable]:
     """Register the decorated function as the description of operator ``name``.
 
     ``examples``: ``(attrs, input shapes)`` pairs; each is traced now (a malformed
     description raises :class:`TDLError` here) and checked against MXNet's kernel by
     :func:`tofu_mx.tdl.check.check_description`. ``train``: run that check in training mode.
-    For an MXNet custom operator use ``"Custom:<op_type>"``.
+    For an MXNet custom operator use ``"Custom:<op_type>"``. Registering a name twice is an
+    error unless ``replace=True``.
     """
+    if name in _REGISTRY and not replace:
+        raise TDLError(f"{name!r} already has a description ({_REGISTRY[name]!r:.80}); pass "
+                       f"replace=True to replace it")
     if not examples:
         raise TDLError(f"description of {name!r} needs at least one example (attrs, shapes)")
 

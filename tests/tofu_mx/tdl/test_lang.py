@@ -37,37 +37,40 @@ def test_nested_lambdas_may_not_reuse_names():
 
 def test_malformed_descriptions_are_rejected_at_registration():
     before = dict(registered())
+    with pytest.raises(TDLError, match="'FullyConnected' already has a description.*replace=True"):
+        tdl.op("FullyConnected", examples=[({"num_hidden": 2}, [(2, 3), (2, 3), (2,)])])
     with pytest.raises(TDLError, match="accessed with 1 indices"):
-        @tdl.op("elemwise_add", examples=EX)
+        @tdl.op("elemwise_add", examples=EX, replace=True)
         def wrong_rank(attrs, lhs, rhs):
             return lambda i, j: lhs[i] + rhs[i, j]
     with pytest.raises(TDLError, match=r"names its inputs \('data', 'w', 'b'\); MXNet's are "
                                        r"\('data', 'weight', 'bias'\)"):
-        @tdl.op("FullyConnected", examples=[({"num_hidden": 2}, [(2, 3), (2, 3), (2,)])])
+        @tdl.op("FullyConnected", examples=[({"num_hidden": 2}, [(2, 3), (2, 3), (2,)])],
+                replace=True)
         def unknown_input(attrs, data, w, b):
             return lambda n, o: tdl.Sum(lambda i: data[n, i] * w[o, i]) + b[o]
     with pytest.raises(TDLError, match=r"reused"):
-        @tdl.op("elemwise_add", examples=EX)
+        @tdl.op("elemwise_add", examples=EX, replace=True)
         def reused(attrs, lhs, rhs):
             return lambda i, j: tdl.Sum(lambda j: lhs[i, j]) + rhs[i, j]
     with pytest.raises(TDLError, match=r"output 0 has rank 2 .* lambda takes 1 variables"):
-        @tdl.op("elemwise_add", examples=EX)
+        @tdl.op("elemwise_add", examples=EX, replace=True)
         def wrong_arity(attrs, lhs, rhs):
             return lambda i: lhs[i, 0]
     with pytest.raises(TDLError, match="cannot infer the extent of reduction variable 'k'"):
-        @tdl.op("elemwise_add", examples=EX)
+        @tdl.op("elemwise_add", examples=EX, replace=True)
         def no_extent(attrs, lhs, rhs):
             return lambda i, j: tdl.Sum(lambda k: lhs[i, (j + k) % 3])
     with pytest.raises(TDLError, match="needs at least one example"):
-        tdl.op("elemwise_add", examples=[])
+        tdl.op("elemwise_add", examples=[], replace=True)
     with pytest.raises(TDLError, match=r"failed for attributes \{\} and input shapes "
                                        r"\[\(2, 3\), \(2, 3\)\]: KeyError: 'scale'"):
-        @tdl.op("elemwise_add", examples=EX)
+        @tdl.op("elemwise_add", examples=EX, replace=True)
         def crashes(attrs, lhs, rhs):
             scale = attrs["scale"]
             return lambda i, j: lhs[i, j] * scale
     with pytest.raises(TDLError, match=r"output 0.*cannot use NoneType None as a value"):
-        @tdl.op("elemwise_add", examples=EX)
+        @tdl.op("elemwise_add", examples=EX, replace=True)
         def bad_value(attrs, lhs, rhs):
             return lambda i, j: lhs[i, j] + None
     assert registered() == before, "a rejected description must not be registered"
