@@ -15,6 +15,8 @@ setup(
         # MXNet's own pin; drawing also needs the `dot` program (Debian package graphviz).
         "graphviz>=0.8.1,<0.9",
         "tqdm>=4.60",
+        # the exact reference for the search (an integer program, solved by the bundled CBC)
+        "pulp>=2.7,<4",
     ],
     extras_require={
         "cpu": ["mxnet==1.9.1"],

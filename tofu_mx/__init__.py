@@ -2,7 +2,8 @@
 
 The pipeline (see DESIGN.md): import -> annotate (TDL) -> analyse -> coarsen -> search ->
 rewrite -> bind. What exists today: the graph import/export (:mod:`nnvm_passes`), the
-paper's models (:mod:`tofu_mx.models`), graph summaries and :func:`verify`.
+paper's models (:mod:`tofu_mx.models`), graph summaries, :func:`verify`, operator
+descriptions (:mod:`tofu_mx.tdl`, :mod:`tofu_mx.ops`) and the search (:func:`plan`).
 
 Importing this package loads only the errors: ``nnvm_passes`` imports them, and everything
 else here imports ``nnvm_passes``, so the rest is loaded on first use.
@@ -20,8 +21,8 @@ _os.environ.setdefault("MXNET_MKLDNN_ENABLED", "0")
 _os.environ.setdefault("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", "0")
 
 from tofu_mx.errors import (BindError, ContextError, InvalidArgumentError,  # noqa: E402
-                            NotASymbolError, ShapeInferenceError, TofuError,
-                            UnknownInputError, VerificationError)
+                            NoFeasiblePlanError, NotASymbolError, ShapeInferenceError,
+                            TofuError, UnknownInputError, VerificationError)
 
 __version__ = "0.1.0"
 
@@ -31,8 +32,12 @@ _LAZY = {
     "TensorComparison": "tofu_mx.verification",
     "summarize": "tofu_mx.summary",
     "GraphSummary": "tofu_mx.summary",
+    "plan": "tofu_mx.search.plan",
+    "Plan": "tofu_mx.search.plan",
+    "SearchOptions": "tofu_mx.search.plan",
 }
-_SUBMODULES = ("models", "devices", "values", "summary", "verification", "cli")
+_SUBMODULES = ("models", "devices", "values", "summary", "verification", "cli", "tdl", "ops",
+               "search")
 
 
 def __getattr__(name: str):
@@ -50,6 +55,6 @@ def __dir__():
 
 
 __all__ = ["BindError", "ContextError", "GraphSummary", "InvalidArgumentError",
-           "NotASymbolError", "ShapeInferenceError", "TensorComparison", "TofuError",
-           "UnknownInputError", "VerificationError", "VerificationReport", "models",
-           "summarize", "verify"]
+           "NoFeasiblePlanError", "NotASymbolError", "Plan", "SearchOptions",
+           "ShapeInferenceError", "TensorComparison", "TofuError", "UnknownInputError",
+           "VerificationError", "VerificationReport", "models", "plan", "summarize", "verify"]

@@ -43,3 +43,12 @@ class VerificationError(TofuError):
     def __init__(self, message: str, report=None):
         super().__init__(message)
         self.report = report
+
+
+class NoFeasiblePlanError(TofuError):
+    """No plan fits the memory budget. ``footprint`` is the smallest per-device footprint
+    found (bytes) and ``devices_needed`` how many devices would fit it (None: none would)."""
+
+    def __init__(self, message: str, footprint: int = 0, devices_needed: int | None = None):
+        super().__init__(message)
+        self.footprint, self.devices_needed = footprint, devices_needed

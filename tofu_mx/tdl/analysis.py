@@ -228,7 +228,7 @@ class Strategy:
     """One way to run an operator in ``parts`` parts: split loop variable ``var``."""
 
     var: str
-    kind: str                                   # "output" | "reduce"
+    kind: str                                   # "output" | "reduce" | "replicate"
     parts: int
     inputs: tuple[tuple[Region, ...], ...]      # [input][part] -> what the part reads
     outputs: tuple[tuple[Region, ...], ...]     # [output][part] -> what the part computes
@@ -237,7 +237,8 @@ class Strategy:
 
     @property
     def name(self) -> str:
-        return f"{'split' if self.kind == 'output' else 'reduce'} {self.var}"
+        verb = {"output": "split", "reduce": "reduce", "replicate": "replicate"}[self.kind]
+        return f"{verb} {self.var}"
 
     def describe(self) -> str:
         ins = ", ".join(map(str, self.input_layouts))

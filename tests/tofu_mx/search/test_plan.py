@@ -1,0 +1,157 @@
+import math
+
+import mxnet as mx
+import pytest
+
+import tofu_mx
+from nnvm_passes import import_symbol
+from tofu_mx import models
+from tofu_mx.search import Plan, SearchOptions, plan, plan_graph
+from tofu_mx.search.baselines import POLICIES, baseline_plan
+from tofu_mx.search.cut import Cut, View
+from tofu_mx.search.dp import solve_dp
+from tofu_mx.search.exact import solve_ilp
+from tofu_mx.search.plan import factor_orders, prime_factors
+
+BATCH = 960   # divisible by every device count tested
+
+
+def mlp(hidden=(16, 16), classes=8):
+    x = mx.sym.var("data")
+    for i, n in enumerate(hidden):
+        x = mx.sym.Activation(mx.sym.FullyConnected(x, num_hidden=n, name=f"fc{i}"),
+                              act_type="relu", name=f"relu{i}")
+    return mx.sym.SoftmaxOutput(mx.sym.FullyConnected(x, num_hidden=classes, name="out"),
+                                name="softmax")
+
+
+def mlp_param_bytes(inputs=32, hidden=(16, 16), classes=8):
+    sizes, prev = 0, inputs
+    for n in list(hidden) + [classes]:
+        sizes += prev * n + n
+        prev = n
+    return 4 * sizes
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 6, 8])
+def test_data_parallel_mlp_costs_exactly_its_gradient_all_reduce(k):
+    """A wide batch and small weights: the best plan is data parallelism, which moves exactly
+    what a ring all-reduce of the parameter gradients moves, 2 (k - 1) x parameter bytes
+    (as an all-gather of each weight forward and a reduce-scatter of its gradient)."""
+    p = plan(mlp(), k, data=(BATCH, 32), softmax_label=(BATCH,))
+    assert p.total_bytes == 2 * (k - 1) * mlp_param_bytes()
+    assert all(t.layouts[0] == "split(0)" for t in p.tensors if t.kind in ("data", "activation"))
+    assert all(s[0].startswith("split") for o in p.ops for s in [o.strategies])
+    dp = baseline_plan(import_symbol(mlp(), data=(BATCH, 32), softmax_label=(BATCH,)), k,
+                       "data_parallel")
+    assert dp.total_bytes == p.total_bytes
+
+
+def test_a_tall_layer_is_partitioned_not_replicated():
+    """A 4096 x 4096 layer on a batch of 8: fetching the weight would move 64 MiB; splitting
+    it by rows and gathering the small activations moves far less."""
+    fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=4096, name="fc")
+    p = plan(mx.sym.LinearRegressionOutput(fc, name="loss"), 2, data=(8, 4096),
+             loss_label=(8, 4096))
+    weight_bytes = 4096 * 4096 * 4
+    assert p.total_bytes < weight_bytes / 8
+    assert p.tensor("fc_weight").layouts[0] in ("split(0)", "split(1)")
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_any_device_count(k):
+    sym = models.transformer(1, 16, 4, 6, 20)
+    p = plan(sym, k, **models.input_shapes("transformer", 12, seq_len=6))
+    assert math.prod(p.factors) == k and len(p.memory) == k
+    assert (p.total_bytes == 0) == (k == 1)
+
+
+def test_prime_factor_orders():
+    assert prime_factors(12) == [2, 2, 3] and prime_factors(7) == [7] and prime_factors(1) == []
+    assert factor_orders(6, True) == [(2, 3), (3, 2)]
+    assert factor_orders(8, True) == [(2, 2, 2)]
+    assert factor_orders(12, False) == [(3, 2, 2)]
+
+
+def test_shapes_are_never_split_unevenly():
+    sym = models.wresnet(14, 1, 10)
+    p = plan(sym, 6, **models.input_shapes("wresnet", 6, image_size=32))
+    for t in p.tensors:
+        shape = list(t.shape)
+        for layout, parts in zip(t.layouts, p.factors):
+            if layout.startswith("split"):
+                axis = int(layout[6:-1])
+                assert shape[axis] % parts == 0, (t.name, t.shape, t.layouts)
+                shape[axis] //= parts
+        assert tuple(shape) == t.shard
+
+
+def test_plan_is_plain_deterministic_data():
+    shapes = models.input_shapes("rnn", 4, seq_len=3)
+    a = plan(models.rnn(2, 16, 3, 20), 4, **shapes)
+    b = plan(models.rnn(2, 16, 3, 20), 4, **shapes)
+    assert a.to_json() == b.to_json()
+    assert Plan.from_json(a.to_json()) == a
+    text = a.report()
+    assert "level 1: 2-way cut" in text and "per device:" in text and "coarsening:" in text
+
+
+def test_rnn_time_steps_share_one_choice():
+    counts = {}
+    for steps in (4, 8):
+        g = import_symbol(models.rnn(2, 16, steps, 20), **models.input_shapes("rnn", 4,
+                                                                              seq_len=steps))
+        cut = Cut(g, View.of(g), 2)
+        counts[steps] = (len(cut.ops), len(cut.groups))
+    assert counts[8][0] > counts[4][0]                  # twice the operators ...
+    assert counts[8][1] == counts[4][1]                 # ... the same number of choices
+
+
+def test_memory_per_device_and_budget():
+    shapes = {"data": (BATCH, 32), "softmax_label": (BATCH,)}
+    p = plan(mlp(), 4, **shapes)
+    assert p.memory[0].weights == mlp_param_bytes() // 4 == p.memory[0].gradients
+    adam = plan(mlp(), 4, options=SearchOptions(optimizer_state=2.0), **shapes)
+    assert adam.memory[0].optimizer == 2 * adam.memory[0].weights
+    need = p.memory[0].total
+    assert plan(mlp(), 4, memory_budget=need, **shapes) == p
+    assert plan(mlp(), 4, memory_budget=[need] * 4, **shapes) == p
+    assert need % 2 == 0 and all(not t.layouts[0] == "replicated" for t in p.tensors)
+    with pytest.raises(tofu_mx.NoFeasiblePlanError, match=r"device 0 needs .* about 8 devices "
+                                                          r"would fit") as info:
+        plan(mlp(), 4, memory_budget=need // 2, **shapes)   # everything is sharded: 4 * 2
+    assert info.value.footprint == need and info.value.devices_needed == 8
+    with pytest.raises(tofu_mx.NoFeasiblePlanError, match="device 2 needs"):
+        plan(mlp(), 4, memory_budget=[need, need, need // 2, need], **shapes)
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="a list of 4 bytes"):
+        plan(mlp(), 4, memory_budget=[need] * 3, **shapes)
+
+
+def test_bad_device_count():
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="num_devices must be a positive int"):
+        plan(mlp(), 0, data=(4, 32), softmax_label=(4,))
+
+
+def test_unknown_operators_are_listed_and_run_whole():
+    x = mx.sym.SwapAxis(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc"),
+                        dim1=0, dim2=1, name="swap")
+    p = plan(x, 2, data=(4, 8))
+    assert p.opaque == ("swap (SwapAxis): no description",)
+    assert dict((o.name, o.strategies) for o in p.ops)["swap"] == ("replicate all",)
+
+
+@pytest.mark.parametrize("name, sym, shapes", [
+    ("wresnet", models.wresnet(14, 2, 10), models.input_shapes("wresnet", 8, image_size=32)),
+    ("rnn", models.rnn(2, 64, 4, 50), models.input_shapes("rnn", 8, seq_len=4)),
+    ("transformer", models.transformer(2, 32, 4, 8, 50), models.input_shapes("transformer", 4,
+                                                                              seq_len=8)),
+])
+def test_search_is_optimal_and_beats_the_baselines(name, sym, shapes):
+    graph = import_symbol(sym, **shapes)
+    cut = Cut(graph, View.of(graph), 2)
+    problem = cut.problem()
+    ilp, _, status = solve_ilp(problem, time_limit=60)
+    assert status == "Optimal" and solve_dp(problem).cost == pytest.approx(ilp.cost)
+    best = plan_graph(graph, 2).total_bytes
+    for policy in POLICIES:
+        assert best <= baseline_plan(graph, 2, policy).total_bytes + 1e-6, policy

@@ -1,0 +1,90 @@
+"""Baseline plans in the same format and under the same cost model, for comparison.
+
+- ``data_parallel``: every operator splits its batch (output axis 0); weights are fetched
+  whole for each use and their gradients reduced back (sharded data parallelism);
+- ``row`` / ``column``: every tensor split on its first / second axis where it can be, each
+  operator taking its cheapest strategy under that rule;
+- ``greedy`` (Spartan-style): operators in order, each taking the choice cheapest given the
+  choices already made.
+
+The first three are the DP restricted to the choices the rule allows (a node whose choices
+the rule excludes entirely keeps all of them), so each is the best plan of its family.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from nnvm_passes.ir import Graph
+from tofu_mx.errors import InvalidArgumentError
+from tofu_mx.search.cut import Cut
+from tofu_mx.search.dp import Solution, solve_dp
+from tofu_mx.search.plan import Plan, SearchOptions, plan_graph
+from tofu_mx.search.problem import Problem
+from tofu_mx.tdl.analysis import Layout
+
+_EXCLUDED = 1e30
+
+
+def _restricted(cut: Cut, problem: Problem, allowed: Callable[[Cut, int, int], bool]) -> Problem:
+    unary = []
+    for slot, cost in enumerate(problem.unary):
+        keep = np.array([allowed(cut, slot, c) for c in range(len(cost))])
+        unary.append(cost if not keep.any() else np.where(keep, cost, _EXCLUDED))
+    return Problem(problem.names, problem.choices, tuple(unary), problem.edges)
+
+
+def _batch_split(cut: Cut, slot: int, choice: int) -> bool:
+    _, kind, obj = cut.order[slot]
+    if kind == "var":
+        return True
+    strategy = cut.strats[obj.copies[0][0]][obj.choices[choice][0]]
+    return strategy.kind == "output" and strategy.output_layouts[0] == Layout("split", 0)
+
+
+def _stored_on(axis: int) -> Callable[[Cut, int, int], bool]:
+    def rule(cut: Cut, slot: int, choice: int) -> bool:
+        _, kind, obj = cut.order[slot]
+        if kind == "var":
+            return cut.var_layouts[obj][choice] == ("split", axis)
+        leader = obj.copies[0][0]
+        return cut.resolved[slot][choice][leader][1][0] == ("split", axis)
+    return rule
+
+
+def solve_greedy(problem: Problem) -> Solution:
+    """Each node in order takes the choice cheapest given the nodes already decided."""
+    before: list[list[tuple[int, np.ndarray]]] = [[] for _ in problem.names]
+    for u, v, m in problem.edges:
+        before[v].append((u, m))
+    x: list[int] = []
+    for v, cost in enumerate(problem.unary):
+        total = cost.copy()
+        for u, m in before[v]:
+            total = total + m[x[u]]
+        x.append(int(np.argmin(total)))
+    return Solution(problem.cost(x), tuple(x), 1, 1)
+
+
+def _dp_under(rule):
+    def choose(cut: Cut, problem: Problem) -> Solution:
+        solution = solve_dp(_restricted(cut, problem, rule))
+        return Solution(problem.cost(solution.assignment), solution.assignment,
+                        solution.max_frontier, solution.max_states)
+    return choose
+
+
+POLICIES = {
+    "data_parallel": _dp_under(_batch_split),
+    "row": _dp_under(_stored_on(0)),
+    "column": _dp_under(_stored_on(1)),
+    "greedy": lambda cut, problem: solve_greedy(problem),
+}
+
+
+def baseline_plan(graph: Graph, num_devices: int, policy: str,
+                  options: SearchOptions = SearchOptions()) -> Plan:
+    if policy not in POLICIES:
+        raise InvalidArgumentError(f"unknown baseline {policy!r}; choose one of {sorted(POLICIES)}")
+    return plan_graph(graph, num_devices, options=options, choose=POLICIES[policy])

@@ -1,0 +1,368 @@
+"""Build the search problem of one cut from an analysed graph (policy: what to search).
+
+**Views.** At each level of the recursion every operator has a *work view*: the shapes of
+the input regions it reads and of the outputs it computes for one part of the previous cut
+(at level 1, the graph's own shapes). Variables have the shape of their stored shard. Each
+operator is analysed afresh at its work view, so a split at one level halves the shapes the
+next level sees (Tofu's recursion).
+
+**Coarsening**, with no user tags:
+
+1. an operator and its gradient share one choice: only the forward graph is searched, and
+   the cost model carries the mirrored backward conversions;
+2. *followers*: an operator that keeps the layout of its first input (elementwise ops,
+   activations: for every axis it has a strategy reading that input split on the axis and
+   writing its output split the same way) joins the group of that input's producer and
+   follows its layout;
+3. *ties*: groups with the same structure (operators, attributes and shapes: the time steps
+   of an unrolled RNN, which share weights; repeated ResNet units and Transformer layers)
+   get one choice between them.
+
+**Choices.** A group's choice is its leader's strategy and the layout its outputs are stored
+in: as computed when the strategy splits them, else (partial sums, replicated computation)
+one choice per axis to store them split on. Every operator can also run *replicated* (each
+part computes it whole): the fallback for opaque operators and indivisible shapes.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+import tofu_mx.ops  # noqa: F401  (registers the built-in descriptions)
+from nnvm_passes.ir import Graph
+from tofu_mx.search.cost import consumer_bytes, producer_bytes
+from tofu_mx.search.problem import Problem, make_problem
+from tofu_mx.tdl.analysis import Layout, Strategy, opaque_strategies, strategies
+from tofu_mx.tdl.lang import TDLError
+from tofu_mx.tdl.registry import Attrs, Description, lookup, trace
+
+Shape = tuple[int, ...]
+StoreLayout = tuple  # ("split", axis) or ("replicated",)
+REPLICATED: StoreLayout = ("replicated",)
+
+
+@dataclass(frozen=True)
+class View:
+    """Shapes at one level: each operator's work view and each variable's stored shard."""
+
+    op_in: dict[int, tuple[Shape, ...]]
+    op_out: dict[int, tuple[Shape, ...]]
+    var: dict[int, Shape]
+
+    @staticmethod
+    def of(graph: Graph) -> "View":
+        ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
+        return View({i: tuple(graph.tensor(e).shape for e in graph.nodes[i].inputs) for i in ops},
+                    {i: tuple(t.shape for t in graph.nodes[i].outputs) for i in ops},
+                    {i: n.outputs[0].shape for i, n in enumerate(graph.nodes) if n.is_variable})
+
+
+def replicate_strategy(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+                       parts: int) -> Strategy:
+    """Every part computes the whole operator from whole inputs."""
+    def whole(shape):
+        return tuple(tuple((0, n - 1) for n in shape) for _ in range(parts))
+    ins, outs = tuple(whole(s) for s in in_shapes), tuple(whole(s) for s in out_shapes)
+    return Strategy("all", "replicate", parts, ins, outs,
+                    tuple(Layout("replicated") for _ in ins),
+                    tuple(Layout("replicated") for _ in outs))
+
+
+def op_strategies(graph: Graph, index: int, view: View, parts: int) -> list[Strategy]:
+    node = graph.nodes[index]
+    return list(_strategies_of(node.op, node.attrs, view.op_in[index], view.op_out[index], parts))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _strategies_of(op: str, attrs, ins: tuple, outs: tuple, parts: int) -> tuple[Strategy, ...]:
+    """The strategies of one operator at its work view; running it replicated only when it has
+    none (an opaque operator, or no axis this cut divides). Like Tofu, the search does not
+    trade redundant computation for fewer bytes."""
+    entry = lookup(op, Attrs(attrs))
+    found: list[Strategy] = []
+    if isinstance(entry, Description):
+        try:
+            found = strategies(trace(entry, Attrs(attrs), ins, outs), parts)
+        except TDLError:
+            found = []   # a work view the description cannot trace: run it replicated
+    elif entry is not None:
+        found = opaque_strategies(entry, ins, outs, parts)
+    return tuple(found or [replicate_strategy(ins, outs, parts)])
+
+
+def store_layouts(shape: Shape, parts: int) -> list[StoreLayout]:
+    """Layouts a tensor may be stored in: split on any axis ``parts`` divides, else whole."""
+    found = [("split", a) for a, n in enumerate(shape) if n % parts == 0 and n >= parts]
+    return found or [REPLICATED]
+
+
+def layout_name(layout: StoreLayout) -> str:
+    return "replicated" if layout[0] == "replicated" else f"split({layout[1]})"
+
+
+@dataclass
+class Group:
+    """Operators sharing one choice: ``copies[c]`` is one copy's members in graph order."""
+
+    copies: list[list[int]]
+    choices: list[tuple[int, StoreLayout | None]] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+
+    @property
+    def first(self) -> int:
+        return min(m for copy in self.copies for m in copy)
+
+
+def _preserves_layout(strats: list[Strategy], in_shape: Shape, out_shape: Shape,
+                      parts: int) -> dict[int, int] | None:
+    """axis -> index of the strategy reading input 0 and writing output 0 split on it."""
+    if in_shape != out_shape:
+        return None
+    found = {}
+    for a, n in enumerate(in_shape):
+        if n % parts or n < parts:
+            continue
+        for k, s in enumerate(strats):
+            if s.kind == "output" and len(s.output_layouts) == 1 and \
+                    s.input_layouts[0] == Layout("split", a) and \
+                    s.output_layouts[0] == Layout("split", a):
+                found[a] = k
+                break
+        else:
+            return None
+    return found
+
+
+class Cut:
+    """The problem of one cut into ``parts`` at one view, and how to read its solution."""
+
+    def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True):
+        self.graph, self.view, self.parts = graph, view, parts
+        self.ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
+        self.strats = {i: op_strategies(graph, i, view, parts) for i in self.ops}
+        self.needs_grad = _needs_grad(graph)
+        self.follow: dict[int, dict[int, int]] = {}
+        self.groups = self._coarsen(tie)
+        self.variables = [i for i, n in enumerate(graph.nodes) if n.is_variable]
+        self.var_layouts = {v: store_layouts(view.var[v], parts) for v in self.variables}
+        for g in self.groups:
+            self._enumerate_choices(g)
+
+    # --- coarsening -------------------------------------------------------------------------
+    def _coarsen(self, tie: bool) -> list[Group]:
+        owner: dict[int, list[int]] = {}
+        copies: list[list[int]] = []
+        for i in self.ops:
+            node = self.graph.nodes[i]
+            src = node.inputs[0].node if node.inputs else None
+            rule = None
+            if src is not None and not self.graph.nodes[src].is_variable and \
+                    len(node.outputs) == 1 and node.inputs[0].index == 0:
+                rule = _preserves_layout(self.strats[i], self.view.op_in[i][0],
+                                         self.view.op_out[i][0], self.parts)
+            if rule is not None:
+                self.follow[i] = rule
+                owner[i] = owner[src]
+                owner[i].append(i)
+            else:
+                owner[i] = [i]
+                copies.append(owner[i])
+        if not tie:
+            return [Group([c]) for c in copies]
+        by_signature: dict[tuple, Group] = {}
+        groups = []
+        for c in copies:
+            key = self._signature(c)
+            if key in by_signature:
+                by_signature[key].copies.append(c)
+            else:
+                by_signature[key] = Group([c])
+                groups.append(by_signature[key])
+        return groups
+
+    def _signature(self, members: list[int]) -> tuple:
+        position = {m: k for k, m in enumerate(members)}
+        parts = []
+        for m in members:
+            node = self.graph.nodes[m]
+            parts.append((node.op, tuple(sorted(node.params.items(), key=lambda kv: kv[0])),
+                          self.view.op_in[m], self.view.op_out[m],
+                          position.get(node.inputs[0].node) if node.inputs else None))
+        return tuple(repr(p) for p in parts)
+
+    def _enumerate_choices(self, group: Group) -> None:
+        leader = group.copies[0][0]
+        for k, s in enumerate(self.strats[leader]):
+            produced = s.output_layouts[0]
+            if produced.kind == "split" and produced.halo == (0, 0):
+                group.choices.append((k, None))
+                group.labels.append(f"{s.name}")
+                continue
+            for layout in store_layouts(self.view.op_out[leader][0], self.parts):
+                group.choices.append((k, layout))
+                group.labels.append(f"{s.name} -> {layout_name(layout)}")
+
+    # --- resolving a choice -----------------------------------------------------------------
+    def resolve(self, group: Group, choice: int) -> dict[int, tuple[Strategy, tuple]]:
+        """member -> (its strategy, the stored layout of each of its outputs)."""
+        k, store = group.choices[choice]
+        result = {}
+        for copy in group.copies:
+            leader = copy[0]
+            s = self.strats[leader][k]
+            result[leader] = (s, tuple(self._stored(s, j, store, self.view.op_out[leader][j])
+                                       for j in range(len(s.outputs))))
+            for m in copy[1:]:
+                src = self.graph.nodes[m].inputs[0].node
+                src_layout = result[src][1][0]
+                rule = self.follow[m]
+                if src_layout[0] == "split" and src_layout[1] in rule:
+                    fs = self.strats[m][rule[src_layout[1]]]
+                    result[m] = (fs, (src_layout,))
+                else:   # its input is stored whole: read it whole, compute all of it
+                    fs = replicate_strategy(self.view.op_in[m], self.view.op_out[m], self.parts)
+                    result[m] = (fs, (self._stored(fs, 0, None, self.view.op_out[m][0]),))
+        return result
+
+    def _stored(self, s: Strategy, j: int, store: StoreLayout | None, shape: Shape) -> StoreLayout:
+        produced = s.output_layouts[j]
+        if produced.kind == "split" and produced.halo == (0, 0):
+            return ("split", produced.axis)
+        options = store_layouts(shape, self.parts)
+        if store is not None and store in options:
+            return store
+        return options[0]
+
+    # --- the problem ------------------------------------------------------------------------
+    def problem(self) -> Problem:
+        nodes: list[tuple[int, str, object]] = []   # (position, kind, group or variable)
+        nodes += [(g.first, "group", g) for g in self.groups]
+        nodes += [(v, "var", v) for v in self.variables]
+        nodes.sort(key=lambda t: t[0])
+        self.order = nodes
+        slot = {}
+        for k, (_, kind, obj) in enumerate(nodes):
+            if kind == "group":
+                for copy in obj.copies:
+                    for m in copy:
+                        slot[m] = k
+            else:
+                slot[obj] = k
+        self.slot = slot
+        names, choices, unary = [], [], []
+        resolved: list[list[dict] | None] = []
+        for _, kind, obj in nodes:
+            if kind == "group":
+                names.append(self.graph.nodes[obj.copies[0][0]].name)
+                choices.append(obj.labels)
+                rs = [self.resolve(obj, c) for c in range(len(obj.choices))]
+                resolved.append(rs)
+                unary.append(np.array([self._producer_cost(r) for r in rs], dtype=np.float64))
+            else:
+                names.append(self.graph.nodes[obj].name)
+                choices.append([layout_name(x) for x in self.var_layouts[obj]])
+                resolved.append(None)
+                unary.append(np.zeros(len(self.var_layouts[obj])))
+        self.resolved = resolved
+        edges = []
+        for k, (_, kind, obj) in enumerate(nodes):
+            if kind != "group":
+                continue
+            for copy in obj.copies:
+                for m in copy:
+                    for j, entry in enumerate(self.graph.nodes[m].inputs):
+                        edges.append(self._edge(k, m, j, entry))
+        return make_problem(names, choices, unary, [e for e in edges if e is not None])
+
+    def _layouts_of(self, slot: int, tensor_node: int, out: int) -> list[StoreLayout]:
+        kind = self.order[slot][1]
+        if kind == "var":
+            return self.var_layouts[tensor_node]
+        return [r[tensor_node][1][out] for r in self.resolved[slot]]
+
+    def _edge(self, k: int, member: int, j: int, entry):
+        src_slot = self.slot[entry.node]
+        tensor = self.graph.nodes[entry.node].outputs[entry.index]
+        grad = self.needs_grad[(entry.node, entry.index)]
+        shape = self.view.op_in[member][j]
+        itemsize = np.dtype(tensor.dtype).itemsize
+        src_layouts = self._layouts_of(src_slot, entry.node, entry.index)
+        needs = [r[member][0].inputs[j] for r in self.resolved[k]]
+        if src_slot == k:   # inside the group: both ends move together
+            cost = [_consumer(src_layouts[c], shape, needs[c], itemsize, grad)
+                    for c in range(len(needs))]
+            return (k, k, np.diag(np.array(cost, dtype=np.float64)))
+        m = np.array([[_consumer(a, shape, need, itemsize, grad) for need in needs]
+                      for a in src_layouts], dtype=np.float64)
+        return (src_slot, k, m)
+
+    def _producer_cost(self, resolved: dict) -> float:
+        total = 0
+        for m, (s, stored) in resolved.items():
+            for j, layout in enumerate(stored):
+                tensor = self.graph.nodes[m].outputs[j]
+                if j >= len(s.outputs):
+                    continue
+                total += _producer(layout, self.view.op_out[m][j], s.outputs[j],
+                                   s.output_layouts[j].kind == "partial",
+                                   np.dtype(tensor.dtype).itemsize, self.needs_grad[(m, j)])
+        return float(total)
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _consumer(layout, shape, need, itemsize, grad):
+    return consumer_bytes(layout, shape, need, itemsize, grad)
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _producer(layout, shape, produced, partial, itemsize, grad):
+    return producer_bytes(layout, shape, produced, partial, itemsize, grad)
+
+
+def _needs_grad(graph: Graph) -> dict[tuple[int, int], bool]:
+    """Whether each tensor carries a gradient: parameters do, and whatever is computed from
+    them, except through BlockGrad."""
+    grad: dict[tuple[int, int], bool] = {}
+    for i, node in enumerate(graph.nodes):
+        if node.is_variable:
+            grad[(i, 0)] = node.kind == "param"
+            continue
+        flows = node.op not in ("BlockGrad", "stop_gradient") and \
+            any(grad[(e.node, e.index)] for e in node.inputs)
+        for k in range(len(node.outputs)):
+            grad[(i, k)] = flows
+    return grad
+
+
+def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
+              var_layout: dict[int, StoreLayout]) -> View:
+    """The work view of one part after this cut: what each operator reads and computes."""
+    op_in, op_out, var = {}, {}, {}
+    for i in cut.ops:
+        s, _ = resolved_by_member[i]
+        op_in[i] = tuple(_box_shape(s.inputs[j], cut.view.op_in[i][j])
+                         for j in range(len(cut.view.op_in[i])))
+        op_out[i] = tuple(_box_shape(s.outputs[k], cut.view.op_out[i][k])
+                          if k < len(s.outputs) and s.output_layouts[k].kind != "partial"
+                          else cut.view.op_out[i][k] for k in range(len(cut.view.op_out[i])))
+    for v in cut.variables:
+        shape = list(cut.view.var[v])
+        layout = var_layout[v]
+        if layout[0] == "split":
+            shape[layout[1]] //= cut.parts
+        var[v] = tuple(shape)
+    return View(op_in, op_out, var)
+
+
+def _box_shape(regions, fallback: Shape) -> Shape:
+    boxes = [r for r in regions if r is not None]
+    if not boxes:
+        return fallback
+    return tuple(max(b[a][1] - b[a][0] + 1 for b in boxes) for a in range(len(fallback)))
+
+
+__all__ = ["Cut", "Group", "REPLICATED", "View", "layout_name", "next_view", "op_strategies",
+           "replicate_strategy", "store_layouts"]

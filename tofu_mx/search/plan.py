@@ -1,0 +1,345 @@
+"""``plan()``: import -> annotate (TDL) -> coarsen -> search, for any number of devices.
+
+**Recursion.** ``k`` devices are cut in steps: ``k = p1 * p2 * ...`` (its prime factors).
+The first step cuts the graph into ``p1`` parts with the DP; each part's work (the regions
+its operators read and compute) is then cut into ``p2`` parts, and so on. The total is
+Tofu's ``c1 + p1 c2 + p1 p2 c3 + ...``: a later cut happens inside each group of devices
+made by the earlier ones. Every order of the prime factors is tried and the cheapest kept
+(for ``k = 2^m`` there is one). Only axes that a cut divides evenly are split at that step;
+a tensor with no such axis is kept whole there, so no shape is ever split unevenly.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from nnvm_passes.importer import import_symbol
+from nnvm_passes.ir import Graph
+from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
+from tofu_mx.search.cut import Cut, View, layout_name, next_view
+from tofu_mx.search.dp import Solution, solve_dp
+from tofu_mx.summary import format_bytes
+from tofu_mx.tdl.registry import Description, lookup
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Every tunable of the search, in one place (the CLI's flags come from these fields)."""
+
+    tie: bool = True                  # give structurally identical groups one choice
+    max_states: int = 4_000_000       # largest DP state (product of frontier choice counts)
+    try_factor_orders: bool = True    # try every order of k's prime factors, keep the best
+    optimizer_state: float = 0.0      # optimizer bytes per parameter byte (SGD+momentum 1, Adam 2)
+    progress: bool | None = None      # tqdm bar: None = on for big graphs when stderr is a tty
+
+
+@dataclass(frozen=True)
+class Level:
+    parts: int
+    groups: int                 # device groups this cut happens in (earlier parts multiplied)
+    bytes_per_group: float
+    problem_nodes: int          # nodes of the coarsened search problem
+    max_frontier: int
+    max_states: int
+
+    @property
+    def bytes(self) -> float:
+        return self.groups * self.bytes_per_group
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    kind: str                   # data | label | param | aux | activation
+    shape: tuple[int, ...]
+    dtype: str
+    layouts: tuple[str, ...]    # stored layout at each level
+    shard: tuple[int, ...]      # what one device stores
+
+    @property
+    def shard_bytes(self) -> int:
+        return int(np.prod(self.shard, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    name: str
+    op: str
+    strategies: tuple[str, ...]  # chosen at each level
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes one device holds."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    aux: int
+    inputs: int
+    activations: int            # operator outputs kept for the backward pass
+
+    @property
+    def total(self) -> int:
+        return (self.weights + self.gradients + self.optimizer + self.aux + self.inputs +
+                self.activations)
+
+
+@dataclass(frozen=True)
+class Plan:
+    num_devices: int
+    factors: tuple[int, ...]
+    levels: tuple[Level, ...]
+    tensors: tuple[TensorPlan, ...]
+    ops: tuple[OpPlan, ...]
+    memory: tuple[Memory, ...]            # one per device
+    opaque: tuple[str, ...]               # "name (op): reason" of ops without a description
+    coarsening: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> float:
+        return float(sum(level.bytes for level in self.levels))
+
+    def tensor(self, name: str) -> TensorPlan:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    # --- plain data -------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> "Plan":
+        d = json.loads(text)
+        return Plan(d["num_devices"], tuple(d["factors"]),
+                    tuple(Level(**x) for x in d["levels"]),
+                    tuple(TensorPlan(x["name"], x["kind"], tuple(x["shape"]), x["dtype"],
+                                     tuple(x["layouts"]), tuple(x["shard"])) for x in d["tensors"]),
+                    tuple(OpPlan(x["name"], x["op"], tuple(x["strategies"])) for x in d["ops"]),
+                    tuple(Memory(**x) for x in d["memory"]), tuple(d["opaque"]),
+                    dict(d["coarsening"]))
+
+    def report(self, max_rows: int = 40) -> str:
+        lines = [f"plan for {self.num_devices} devices, cuts {' x '.join(map(str, self.factors)) or '-'}"
+                 f": {format_bytes(self.total_bytes)} moved per training step"]
+        for k, lv in enumerate(self.levels):
+            lines.append(f"  level {k + 1}: {lv.parts}-way cut in {lv.groups} group(s), "
+                         f"{format_bytes(lv.bytes_per_group)} each, {format_bytes(lv.bytes)} in all "
+                         f"(search: {lv.problem_nodes} nodes, frontier <= {lv.max_frontier}, "
+                         f"<= {lv.max_states} states)")
+        if self.coarsening:
+            c = self.coarsening
+            lines.append(f"  coarsening: {c['operators']} operators -> {c['groups']} groups "
+                         f"(followers merged) -> {c['tied']} choices (identical groups tied)")
+        m = self.memory[0] if self.memory else None
+        if m:
+            lines.append(f"  per device: weights {format_bytes(m.weights)}, gradients "
+                         f"{format_bytes(m.gradients)}, optimizer {format_bytes(m.optimizer)}, "
+                         f"activations {format_bytes(m.activations)}, aux {format_bytes(m.aux)}, "
+                         f"inputs {format_bytes(m.inputs)}: {format_bytes(m.total)}")
+        lines.append(f"  opaque operators: {', '.join(self.opaque) if self.opaque else 'none'}")
+        lines.append("  tensors (largest first):")
+        for t in sorted(self.tensors, key=lambda t: (-t.shard_bytes, t.name))[:max_rows]:
+            lines.append(f"    {t.name:<40} {t.kind:<10} {str(t.shape):<22} "
+                         f"{' > '.join(t.layouts):<30} shard {t.shard}")
+        if len(self.tensors) > max_rows:
+            lines.append(f"    ... {len(self.tensors) - max_rows} more")
+        return "\n".join(lines)
+
+
+def prime_factors(k: int) -> list[int]:
+    out, d = [], 2
+    while d * d <= k:
+        while k % d == 0:
+            out.append(d)
+            k //= d
+        d += 1
+    return out + ([k] if k > 1 else [])
+
+
+def factor_orders(k: int, try_all: bool) -> list[tuple[int, ...]]:
+    factors = sorted(prime_factors(k), reverse=True)
+    if not try_all:
+        return [tuple(factors)]
+    return sorted(set(itertools.permutations(factors)))
+
+
+@dataclass
+class _LevelResult:
+    cut: Cut
+    solution: Solution
+    members: dict      # op index -> (strategy, stored layouts)
+    var_layout: dict   # variable index -> layout
+
+
+def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
+                 choose=None) -> _LevelResult:
+    cut = Cut(graph, view, parts, tie=options.tie)
+    problem = cut.problem()
+    progress = _progress_bar(len(problem.names), options, f"{parts}-way cut")
+    try:
+        if choose is None:
+            solution = solve_dp(problem, options.max_states, progress.update if progress else None)
+        else:
+            solution = choose(cut, problem)
+    finally:
+        if progress is not None:
+            progress.close()
+    members, var_layout = {}, {}
+    for slot, (_, kind, obj) in enumerate(cut.order):
+        choice = solution.assignment[slot]
+        if kind == "group":
+            members.update(cut.resolved[slot][choice])
+        else:
+            var_layout[obj] = cut.var_layouts[obj][choice]
+    return _LevelResult(cut, solution, members, var_layout)
+
+
+def _progress_bar(total: int, options: SearchOptions, what: str):
+    show = options.progress
+    if show is None:
+        show = total > 5000 and sys.stderr.isatty()
+    if not show:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=f"tofu_mx search: {what}", unit="node", leave=False)
+
+
+def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
+                  choose=None) -> list[_LevelResult]:
+    view, results = View.of(graph), []
+    for parts in order:
+        result = _solve_level(graph, view, parts, options, choose)
+        results.append(result)
+        view = next_view(result.cut, result.members, result.var_layout)
+    return results
+
+
+def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan, ...]:
+    plans = []
+    for i, node in enumerate(graph.nodes):
+        outs = [(node.name, 0)] if node.is_variable else \
+            [(f"{node.name}:{k}", k) for k in range(len(node.outputs))]
+        for name, k in outs:
+            info = node.outputs[k]
+            shard, layouts = list(info.shape), []
+            for r in results:
+                layout = r.var_layout[i] if node.is_variable else r.members[i][1][k] \
+                    if k < len(r.members[i][1]) else ("replicated",)
+                layouts.append(layout_name(layout))
+                if layout[0] == "split":
+                    shard[layout[1]] //= r.cut.parts
+            kind = node.kind if node.is_variable else "activation"
+            plans.append(TensorPlan(name, kind, info.shape, info.dtype, tuple(layouts), tuple(shard)))
+    return tuple(plans)
+
+
+def _memory(graph: Graph, tensors: Sequence[TensorPlan], grads: Mapping, options: SearchOptions,
+            k: int) -> tuple[Memory, ...]:
+    by_name = {t.name: t for t in tensors}
+    weights = gradients = aux = inputs = activations = 0
+    for i, node in enumerate(graph.nodes):
+        if node.is_variable:
+            b = by_name[node.name].shard_bytes
+            if node.kind == "param":
+                weights += b
+                gradients += b
+            elif node.kind == "aux":
+                aux += b
+            else:
+                inputs += b
+            continue
+        for j in range(len(node.outputs)):
+            if grads[(i, j)]:
+                activations += by_name[f"{node.name}:{j}"].shard_bytes
+    m = Memory(weights, gradients, int(weights * options.optimizer_state), aux, inputs, activations)
+    return tuple(m for _ in range(k))
+
+
+def _check_budget(plan: Plan, budget, k: int) -> None:
+    budgets = list(budget) if isinstance(budget, (list, tuple)) else [budget] * k
+    if len(budgets) != k or any(not isinstance(b, (int, float)) or b <= 0 for b in budgets):
+        raise InvalidArgumentError(f"memory_budget must be bytes, or a list of {k} bytes (one "
+                                   f"per device), got {budget!r}")
+    over = [(d, m.total, b) for d, (m, b) in enumerate(zip(plan.memory, budgets)) if m.total > b]
+    if not over:
+        return
+    m = plan.memory[0]
+    fixed = sum(t.shard_bytes for t in plan.tensors if all(l == "replicated" for l in t.layouts))
+    scalable = (m.total - fixed) * k
+    need = None if min(budgets) <= fixed else math.ceil(scalable / (min(budgets) - fixed))
+    d, total, b = over[0]
+    raise NoFeasiblePlanError(
+        f"no plan fits: device {d} needs {format_bytes(total)} (weights {format_bytes(m.weights)},"
+        f" gradients {format_bytes(m.gradients)}, optimizer {format_bytes(m.optimizer)}, "
+        f"activations {format_bytes(m.activations)}) but its budget is {format_bytes(b)}; "
+        + (f"about {need} devices would fit" if need else "no number of devices would fit: the "
+           "tensors kept whole alone exceed the budget"), total, need)
+
+
+def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions | None = None,
+         dtypes: Mapping[str, Any] | None = None, **shapes) -> Plan:
+    """Partition plan of ``symbol`` over ``num_devices`` devices (nothing is bound or run).
+
+    Runs import -> TDL analysis -> coarsening -> search. ``memory_budget``: bytes per device,
+    or a list with one budget per device; :class:`tofu_mx.NoFeasiblePlanError` if no plan fits.
+    """
+    if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
+        raise InvalidArgumentError(f"num_devices must be a positive int, got {num_devices!r}")
+    options = options or SearchOptions()
+    graph = import_symbol(symbol, dtypes=dtypes, **shapes)
+    return plan_graph(graph, num_devices, memory_budget=memory_budget, options=options)
+
+
+def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
+               options: SearchOptions = SearchOptions(), choose=None) -> Plan:
+    best = None
+    orders = factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
+    for order in orders:
+        results = search_levels(graph, order, options, choose)
+        total = sum(math.prod(order[:k]) * r.solution.cost for k, r in enumerate(results))
+        if best is None or total < best[0]:
+            best = (total, order, results)
+    _, order, results = best
+    tensors = _tensor_plans(graph, results)
+    grads = results[0].cut.needs_grad if results else _grad_flags(graph)
+    levels = tuple(Level(p, math.prod(order[:k]), r.solution.cost, len(r.cut.order),
+                         r.solution.max_frontier, r.solution.max_states)
+                   for k, (p, r) in enumerate(zip(order, results)))
+    ops = tuple(OpPlan(n.name, n.op, tuple(r.members[i][0].name for r in results))
+                for i, n in enumerate(graph.nodes) if not n.is_variable)
+    opaque = _opaque_ops(graph)
+    coarsening = {}
+    if results:
+        cut = results[0].cut
+        coarsening = {"operators": len(cut.ops), "groups": sum(len(g.copies) for g in cut.groups),
+                      "tied": len(cut.groups)}
+    result = Plan(num_devices, tuple(order), levels, tensors, ops,
+                  _memory(graph, tensors, grads, options, num_devices), opaque, coarsening)
+    if memory_budget is not None:
+        _check_budget(result, memory_budget, num_devices)
+    return result
+
+
+def _opaque_ops(graph: Graph) -> tuple[str, ...]:
+    found = []
+    for node in graph.operators():
+        entry = lookup(node.op, node.params)
+        if entry is None:
+            found.append(f"{node.name} ({node.op}): no description")
+        elif not isinstance(entry, Description):
+            found.append(f"{node.name} ({node.op}): {entry.reason}")
+    return tuple(found)
+
+
+def _grad_flags(graph: Graph):
+    from tofu_mx.search.cut import _needs_grad
+    return _needs_grad(graph)

@@ -1,0 +1,58 @@
+"""The search problem of one cut, as plain data: a labelling problem.
+
+Each node (a coarsened group of operators and tensors) picks one of its choices; the cost is
+the sum of a per-node cost of that choice and, for each edge, a cost that depends on the
+choices at both ends::
+
+    cost(x) = sum_v unary[v][x_v] + sum_(u, v) pair[u, v][x_u, x_v]
+
+The solvers (:mod:`tofu_mx.search.dp`, :mod:`tofu_mx.search.exact`) see nothing else: no
+MXNet, no shapes. :mod:`tofu_mx.search.cut` builds this problem from an analysed graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Problem:
+    names: tuple[str, ...]                         # one per node
+    choices: tuple[tuple[str, ...], ...]           # labels of each node's choices
+    unary: tuple[np.ndarray, ...]                  # unary[v][c]
+    edges: tuple[tuple[int, int, np.ndarray], ...]  # (u, v, pair[c_u, c_v]), u < v, no repeats
+
+    def __post_init__(self):
+        for v, (labels, cost) in enumerate(zip(self.choices, self.unary)):
+            if len(labels) == 0 or cost.shape != (len(labels),):
+                raise ValueError(f"node {self.names[v]!r}: {len(labels)} choices, unary cost "
+                                 f"of shape {cost.shape}")
+        for u, v, m in self.edges:
+            if not u < v or m.shape != (len(self.choices[u]), len(self.choices[v])):
+                raise ValueError(f"edge ({u}, {v}) with matrix {m.shape} does not fit")
+
+    def cost(self, assignment: Sequence[int]) -> float:
+        """Total cost of one choice per node."""
+        total = sum(float(c[x]) for c, x in zip(self.unary, assignment))
+        return total + sum(float(m[assignment[u], assignment[v]]) for u, v, m in self.edges)
+
+
+def make_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
+                 unary: Sequence[np.ndarray],
+                 edges: Sequence[tuple[int, int, np.ndarray]]) -> Problem:
+    """A :class:`Problem`, with edges oriented ``u < v``, parallel edges summed and self
+    edges folded into the unary costs."""
+    unary = [np.array(c, dtype=np.float64) for c in unary]
+    merged: dict[tuple[int, int], np.ndarray] = {}
+    for u, v, m in edges:
+        m = np.asarray(m, dtype=np.float64)
+        if u == v:
+            unary[u] = unary[u] + np.diag(m)
+            continue
+        if u > v:
+            u, v, m = v, u, m.T
+        merged[(u, v)] = merged[(u, v)] + m if (u, v) in merged else m
+    return Problem(tuple(names), tuple(tuple(c) for c in choices), tuple(unary),
+                   tuple((u, v, m) for (u, v), m in sorted(merged.items())))
