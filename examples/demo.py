@@ -1,7 +1,7 @@
-"""tofu_mx demo: import the paper's models and summarise them, then prove a multi-device
-graph correct with verify().
+"""tofu_mx demo: import the paper's models and summarise them, search partition plans for
+them, then prove a multi-device graph correct with verify().
 
-Until the partitioner lands (issues 3-5), the multi-device graph is a hand placement: each
+Until the rewrite lands (issue 5), the multi-device graph run here is a hand placement: each
 WResNet stage on its own CPU device. Run with `make demo`.
 """
 import re
@@ -31,6 +31,22 @@ def main():
     show("Transformer encoder, 12 layers, 1024 units, 16 heads, 128 tokens, batch 8",
          models.transformer(12, 1024, 16, 128, 30000), models.input_shapes("transformer", 8,
                                                                            seq_len=128))
+
+    print("\n== plan(): the search, 8 devices (cuts 2 x 2 x 2), against data parallelism")
+    from tofu_mx.search.baselines import baseline_plan
+    for title, symbol, shapes in [
+            ("WResNet-152-W10, batch 32", models.wresnet(152, 10), models.input_shapes("wresnet", 32)),
+            ("LSTM 10 x 8192, 20 steps, batch 64", models.rnn(10, 8192, 20, 10000),
+             models.input_shapes("rnn", 64, seq_len=20))]:
+        graph = import_symbol(symbol, **shapes)
+        start = time.perf_counter()
+        plan = tofu_mx.search.plan_graph(graph, 8)
+        took = time.perf_counter() - start
+        dp = baseline_plan(graph, 8, "data_parallel").total_bytes
+        print(f"{title}: searched in {took:.2f} s; moves "
+              f"{tofu_mx.summary.format_bytes(plan.total_bytes)} per step, data parallelism "
+              f"{tofu_mx.summary.format_bytes(dp)} ({dp / plan.total_bytes:.1f}x more)")
+        print("\n".join(plan.report(max_rows=5).splitlines()[:9]))
 
     print("\n== verify(): WResNet-26 (widen 2, 64x64) with stage i on cpu(i-1), against cpu(0)")
     symbol = models.wresnet(26, widen=2, num_classes=10)

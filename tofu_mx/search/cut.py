@@ -14,9 +14,11 @@ next level sees (Tofu's recursion).
    activations: for every axis it has a strategy reading that input split on the axis and
    writing its output split the same way) joins the group of that input's producer and
    follows its layout;
-3. *ties*: groups with the same structure (operators, attributes and shapes: the time steps
-   of an unrolled RNN, which share weights; repeated ResNet units and Transformer layers)
-   get one choice between them.
+3. *ties*: the time steps of an unrolled RNN get one choice: groups that read the same
+   parameter with the same structure (operators, attributes, shapes) are tied, and so,
+   repeatedly, are the groups that each copy of a tied family alone feeds or is fed by with
+   one structure. (Tying every structurally identical group, ResNet units say, would keep
+   far-apart nodes in the DP's frontier: measured, it made WResNet's states 32x larger.)
 
 **Choices.** A group's choice is its leader's strategy and the layout its outputs are stored
 in: as computed when the strategy splits them, else (partial sums, replicated computation)
@@ -95,8 +97,13 @@ def _strategies_of(op: str, attrs, ins: tuple, outs: tuple, parts: int) -> tuple
 
 def store_layouts(shape: Shape, parts: int) -> list[StoreLayout]:
     """Layouts a tensor may be stored in: split on any axis ``parts`` divides, else whole."""
+    return list(_store_layouts(tuple(shape), parts))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _store_layouts(shape: Shape, parts: int) -> tuple[StoreLayout, ...]:
     found = [("split", a) for a, n in enumerate(shape) if n % parts == 0 and n >= parts]
-    return found or [REPLICATED]
+    return tuple(found) or (REPLICATED,)
 
 
 def layout_name(layout: StoreLayout) -> str:
@@ -172,26 +179,81 @@ class Cut:
                 copies.append(owner[i])
         if not tie:
             return [Group([c]) for c in copies]
-        by_signature: dict[tuple, Group] = {}
-        groups = []
-        for c in copies:
-            key = self._signature(c)
-            if key in by_signature:
-                by_signature[key].copies.append(c)
-            else:
-                by_signature[key] = Group([c])
-                groups.append(by_signature[key])
-        return groups
+        return self._tie(copies)
+
+    def _tie(self, copies: list[list[int]]) -> list[Group]:
+        """Tie the copies of an unrolled RNN step: groups that read the same parameter with the
+        same structure, then, repeatedly, the groups that each copy of a tied family feeds
+        (or is fed by) alone with one structure."""
+        signatures: dict[int, tuple] = {}
+
+        def sig(k: int) -> tuple:   # computed only for the copies that ties can reach
+            if k not in signatures:
+                signatures[k] = self._signature(copies[k])
+            return signatures[k]
+        of_node = {m: k for k, c in enumerate(copies) for m in c}
+        parent = list(range(len(copies)))
+
+        def find(a):
+            while parent[a] != a:
+                parent[a] = parent[parent[a]]
+                a = parent[a]
+            return a
+
+        def union(a, b):
+            a, b = find(a), find(b)
+            if a != b and sig(a) == sig(b):
+                parent[max(a, b)] = min(a, b)
+                return True
+            return False
+
+        readers: dict[int, list[int]] = {}
+        succ: list[set[int]] = [set() for _ in copies]
+        pred: list[set[int]] = [set() for _ in copies]
+        for k, c in enumerate(copies):
+            for m in c:
+                for e in self.graph.nodes[m].inputs:
+                    src = self.graph.nodes[e.node]
+                    if src.is_variable and src.kind == "param":
+                        readers.setdefault(e.node, []).append(k)
+                    elif not src.is_variable and of_node[e.node] != k:
+                        succ[of_node[e.node]].add(k)
+                        pred[k].add(of_node[e.node])
+        for ks in readers.values():
+            first_of: dict[tuple, int] = {}
+            for k in ks:
+                union(first_of.setdefault(sig(k), k), k)
+        changed = True
+        while changed:
+            changed = False
+            families: dict[int, list[int]] = {}
+            for k in range(len(copies)):
+                families.setdefault(find(k), []).append(k)
+            for members in families.values():
+                if len(members) < 2:
+                    continue
+                for links in (succ, pred):
+                    by_sig: dict[tuple, list[int]] = {}
+                    for k in members:
+                        for n in links[k]:
+                            by_sig.setdefault(sig(n), []).append(n)
+                    for ns in by_sig.values():
+                        if len(ns) == len(members) and len(set(map(find, ns))) == len(ns):
+                            for n in ns[1:]:
+                                changed |= union(ns[0], n)
+        groups: dict[int, Group] = {}
+        for k, c in enumerate(copies):
+            groups.setdefault(find(k), Group([])).copies.append(c)
+        return list(groups.values())
 
     def _signature(self, members: list[int]) -> tuple:
         position = {m: k for k, m in enumerate(members)}
         parts = []
         for m in members:
             node = self.graph.nodes[m]
-            parts.append((node.op, tuple(sorted(node.params.items(), key=lambda kv: kv[0])),
-                          self.view.op_in[m], self.view.op_out[m],
+            parts.append((node.op, node.attrs, self.view.op_in[m], self.view.op_out[m],
                           position.get(node.inputs[0].node) if node.inputs else None))
-        return tuple(repr(p) for p in parts)
+        return tuple(parts)
 
     def _enumerate_choices(self, group: Group) -> None:
         leader = group.copies[0][0]
@@ -213,19 +275,28 @@ class Cut:
         for copy in group.copies:
             leader = copy[0]
             s = self.strats[leader][k]
-            result[leader] = (s, tuple(self._stored(s, j, store, self.view.op_out[leader][j])
-                                       for j in range(len(s.outputs))))
+            result[leader] = (s, self._stored_all(leader, s, store))
             for m in copy[1:]:
                 src = self.graph.nodes[m].inputs[0].node
-                src_layout = result[src][1][0]
+                src_layout = result[src][1][self.graph.nodes[m].inputs[0].index]
                 rule = self.follow[m]
                 if src_layout[0] == "split" and src_layout[1] in rule:
                     fs = self.strats[m][rule[src_layout[1]]]
                     result[m] = (fs, (src_layout,))
                 else:   # its input is stored whole: read it whole, compute all of it
                     fs = replicate_strategy(self.view.op_in[m], self.view.op_out[m], self.parts)
-                    result[m] = (fs, (self._stored(fs, 0, None, self.view.op_out[m][0]),))
+                    result[m] = (fs, self._stored_all(m, fs, None))
         return result
+
+    def _stored_all(self, member: int, s: Strategy, store: StoreLayout | None) -> tuple:
+        """Stored layout of every output; a hidden output the description does not cover (a
+        pooling workspace, BatchNorm's saved statistics) lives with the operator's shard: it
+        follows output 0 when it has its shape, and is kept whole (it is small) otherwise."""
+        shapes = self.view.op_out[member]
+        described = [self._stored(s, j, store, shapes[j]) for j in range(len(s.outputs))]
+        hidden = [described[0] if shapes[j] == shapes[0] else REPLICATED
+                  for j in range(len(s.outputs), len(shapes))]
+        return tuple(described + hidden)
 
     def _stored(self, s: Strategy, j: int, store: StoreLayout | None, shape: Shape) -> StoreLayout:
         produced = s.output_layouts[j]
@@ -267,15 +338,21 @@ class Cut:
                 resolved.append(None)
                 unary.append(np.zeros(len(self.var_layouts[obj])))
         self.resolved = resolved
-        edges = []
+        edges, seen = [], set()
         for k, (_, kind, obj) in enumerate(nodes):
             if kind != "group":
                 continue
             for copy in obj.copies:
                 for m in copy:
                     for j, entry in enumerate(self.graph.nodes[m].inputs):
-                        edges.append(self._edge(k, m, j, entry))
-        return make_problem(names, choices, unary, [e for e in edges if e is not None])
+                        # Tied copies (RNN steps) reading the same tensor in the same region
+                        # share one fetched copy, and sum their gradients before reducing it.
+                        key = (k, entry.node, entry.index, self.view.op_in[m][j],
+                               tuple(r[m][0].inputs[j] for r in self.resolved[k]))
+                        if key not in seen:
+                            seen.add(key)
+                            edges.append(self._edge(k, m, j, entry))
+        return make_problem(names, choices, unary, edges)
 
     def _layouts_of(self, slot: int, tensor_node: int, out: int) -> list[StoreLayout]:
         kind = self.order[slot][1]

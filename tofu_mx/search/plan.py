@@ -32,7 +32,7 @@ from tofu_mx.tdl.registry import Description, lookup
 class SearchOptions:
     """Every tunable of the search, in one place (the CLI's flags come from these fields)."""
 
-    tie: bool = True                  # give structurally identical groups one choice
+    tie: bool = True                  # give the time steps of an unrolled RNN one choice
     max_states: int = 4_000_000       # largest DP state (product of frontier choice counts)
     try_factor_orders: bool = True    # try every order of k's prime factors, keep the best
     optimizer_state: float = 0.0      # optimizer bytes per parameter byte (SGD+momentum 1, Adam 2)
@@ -138,7 +138,7 @@ class Plan:
         if self.coarsening:
             c = self.coarsening
             lines.append(f"  coarsening: {c['operators']} operators -> {c['groups']} groups "
-                         f"(followers merged) -> {c['tied']} choices (identical groups tied)")
+                         f"(followers merged) -> {c['tied']} choices (RNN steps tied)")
         m = self.memory[0] if self.memory else None
         if m:
             lines.append(f"  per device: weights {format_bytes(m.weights)}, gradients "
@@ -232,8 +232,7 @@ def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan
             info = node.outputs[k]
             shard, layouts = list(info.shape), []
             for r in results:
-                layout = r.var_layout[i] if node.is_variable else r.members[i][1][k] \
-                    if k < len(r.members[i][1]) else ("replicated",)
+                layout = r.var_layout[i] if node.is_variable else r.members[i][1][k]
                 layouts.append(layout_name(layout))
                 if layout[0] == "split":
                     shard[layout[1]] //= r.cut.parts

@@ -155,3 +155,15 @@ def test_search_is_optimal_and_beats_the_baselines(name, sym, shapes):
     best = plan_graph(graph, 2).total_bytes
     for policy in POLICIES:
         assert best <= baseline_plan(graph, 2, policy).total_bytes + 1e-6, policy
+
+
+def test_a_weight_shared_by_tied_steps_is_fetched_once():
+    """Data parallelism on an unrolled LSTM: each layer's weights are read by every step,
+    which share one choice; the weight is gathered (and its gradient reduced) once."""
+    shapes = models.input_shapes("rnn", 8, seq_len=6)
+    graph = import_symbol(models.rnn(1, 16, 6, 12), **shapes)
+    dp = baseline_plan(graph, 2, "data_parallel")
+    params = sum(t.shard_bytes * (2 if t.layouts[0].startswith("split") else 1)
+                 for t in dp.tensors if t.kind == "param")
+    # at most one all-reduce's worth (2 (k-1) S, k = 2) per parameter, not one per step
+    assert dp.total_bytes <= 2 * params + 6 * 8 * 16 * 4 * 8

@@ -62,5 +62,27 @@ def test_state_bound_names_the_frontier():
     with pytest.raises(SearchTooLargeError, match=r"at 'n4' would hold 1,024 states \(frontier "
                                                   r"\['n0', 'n1', 'n2', 'n3', 'n4'\]\), over "
                                                   r"max_states=1,000"):
-        solve_dp(p, max_states=1000)
-    assert solve_dp(p, max_states=4 ** 12).max_frontier == 12
+        solve_dp(p, max_states=1000, order="index")
+    assert solve_dp(p, max_states=4 ** 12, order="index").max_frontier == 12
+
+
+def test_greedy_order_keeps_a_star_small_and_stays_exact():
+    """A hub read by many nodes that come before it: in index order all of them wait for the
+    hub; taking the hub early leaves a frontier of two."""
+    rng = np.random.default_rng(1)
+    n = 14
+    edges = [(i, n - 1, rng.random((3, 3))) for i in range(n - 1)]
+    p = make_problem([f"n{i}" for i in range(n)], [("a", "b", "c")] * n,
+                     [rng.random(3) for _ in range(n)], edges)
+    greedy = solve_dp(p, order="greedy")
+    assert greedy.max_frontier == 2
+    assert solve_dp(p, order="best").max_frontier == 2
+    assert greedy.cost == pytest.approx(solve_dp(p, order="index", max_states=10 ** 8).cost)
+
+
+@pytest.mark.parametrize("order", ["greedy", "best"])
+def test_dp_orders_equal_brute_force(order):
+    for seed in range(100):
+        rng = np.random.default_rng(500 + seed)
+        p = random_problem(rng, int(rng.integers(1, 8)))
+        assert solve_dp(p, order=order).cost == pytest.approx(solve_brute_force(p).cost), seed
