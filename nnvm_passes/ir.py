@@ -44,6 +44,8 @@ class FrozenDict(Mapping[str, Any]):
         return self._hash
 
     def __eq__(self, other: object) -> bool:
+        if type(other) is FrozenDict:   # the common case, kept cheap: it is hashed and compared
+            return self is other or self._items == other._items   # in search signatures
         if isinstance(other, Mapping):
             return dict(self._items) == dict(other)
         return NotImplemented

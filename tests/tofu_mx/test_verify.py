@@ -1,5 +1,4 @@
 """verify() on hand-placed graphs, as MXNet's own test_model_parallel.py places them."""
-import json
 import re
 
 import mxnet as mx

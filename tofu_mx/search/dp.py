@@ -3,7 +3,8 @@
 Nodes are taken in an elimination order (by default chosen greedily to keep the frontier
 small, :func:`elimination_order`; the result is exact for any order). The state after node
 ``v`` is the *frontier* ``F_v``: the nodes taken so far that have an edge to a node not yet
-taken (Tofu's "tensors still live"). With ``D_v(x_F)`` the cheapest cost of the nodes taken
+taken (Tofu's "tensors still live"); a node with a single choice takes no axis, its edges
+acting on its neighbours alone. With ``D_v(x_F)`` the cheapest cost of the nodes taken
 so far given the frontier's choices ``x_F``:
 
     D_v(x_{F_v}) = min over x of eliminated nodes [ D_{v-1}(x_{F_{v-1}}) + unary_v(x_v)
@@ -115,7 +116,7 @@ def solve_dp(problem: Problem, max_states: int = 4_000_000, progress=None,
         index = list(range(len(problem.names)))
         own = largest_state(problem, index) if order == "best" else math.inf
         perm = index if own <= math.log(_SMALL_STATE) else elimination_order(problem)
-        if order == "best" and own <= largest_state(problem, perm):
+        if order == "best" and perm is not index and own <= largest_state(problem, perm):
             perm = index
         if perm != index:
             where = {old: new for new, old in enumerate(perm)}
@@ -150,15 +151,30 @@ def solve_dp(problem: Problem, max_states: int = 4_000_000, progress=None,
                 f"the search state at {problem.names[v]!r} would hold {states:,} states "
                 f"(frontier {[problem.names[u] for u in frontier] + [problem.names[v]]}), "
                 f"over max_states={max_states:,}")
-        table = table[..., None] + problem.unary[v]
-        frontier.append(v)
+        # A node with one choice takes no axis: its edges act on its neighbours alone.
+        fixed = k == 1
+        if fixed:
+            table = table + problem.unary[v][0]
+        else:
+            table = table[..., None] + problem.unary[v]
+            frontier.append(v)
         for u, m in neighbours[v]:
-            axis = frontier.index(u)
-            shape = [1] * len(frontier)
-            shape[axis], shape[-1] = m.shape
-            table = table + m.reshape(shape)
+            if len(problem.choices[u]) == 1 and fixed:
+                table = table + m[0, 0]
+            elif len(problem.choices[u]) == 1:
+                table = table + m[0].reshape([1] * (len(frontier) - 1) + [m.shape[1]])
+            elif fixed:
+                shape = [1] * len(frontier)
+                shape[frontier.index(u)] = m.shape[0]
+                table = table + m[:, 0].reshape(shape)
+            else:
+                shape = [1] * len(frontier)
+                shape[frontier.index(u)], shape[-1] = m.shape
+                table = table + m.reshape(shape)
         widest, most = max(widest, len(frontier)), max(most, table.size)
         for u in leaving[v]:
+            if len(problem.choices[u]) == 1:
+                continue
             axis = frontier.index(u)
             eliminated.append((u, tuple(frontier[:axis] + frontier[axis + 1:]),
                                np.argmin(table, axis=axis)))

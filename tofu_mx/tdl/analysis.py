@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from tofu_mx.tdl.lang import (Access, Affine, Bin, Cmp, DataIndex, Depends, Expr, FloorDiv,
-                              IAdd, Index, IScale, InRange, Mod, Reduce, TDLError, Unary, Where)
+                              IAdd, Index, IScale, Mod, Reduce, TDLError, Unary, Where)
 from tofu_mx.tdl.registry import Opaque, Traced, walk
 
 Interval = tuple[int, int]                 # inclusive bounds

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tofu_mx.tdl.lang import (Access, Affine, Bin, Cmp, Const, DataIndex, Depends, Expr,
+from tofu_mx.tdl.lang import (Access, Affine, Bin, Const, DataIndex, Depends, Expr,
                               FloorDiv, IAdd, Index, IndexValue, InRange, IScale, Mod, Reduce,
                               TDLError, Unary, Where)
 from tofu_mx.tdl.registry import Traced, walk

@@ -9,7 +9,7 @@ from nnvm_passes import import_symbol
 from tofu_mx.tdl.analysis import Layout, classify, index_interval, opaque_strategies, strategies
 from tofu_mx.tdl.annotate import analyse
 from tofu_mx.tdl.interpret import evaluate
-from tofu_mx.tdl.lang import Affine, FloorDiv, IAdd, IScale, Mod, Var
+from tofu_mx.tdl.lang import Affine, FloorDiv, IAdd, IScale, Mod
 from tofu_mx.tdl.registry import Attrs, Description, Example, example_graph, lookup, registered, trace
 from tofu_mx.values import index_range, random_inputs
 
