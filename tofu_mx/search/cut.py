@@ -48,18 +48,22 @@ REPLICATED: StoreLayout = ("replicated",)
 
 @dataclass(frozen=True)
 class View:
-    """Shapes at one level: each operator's work view and each variable's stored shard."""
+    """Shapes at one level: each operator's work view, each variable's stored shard, and the
+    stored shard of each operator output (which a partial or replicated computation's work
+    view may exceed: a cut may only split what is stored along an axis it divides)."""
 
     op_in: dict[int, tuple[Shape, ...]]
     op_out: dict[int, tuple[Shape, ...]]
     var: dict[int, Shape]
+    shard: dict[tuple[int, int], Shape]
 
     @staticmethod
     def of(graph: Graph) -> "View":
         ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
         return View({i: tuple(graph.tensor(e).shape for e in graph.nodes[i].inputs) for i in ops},
                     {i: tuple(t.shape for t in graph.nodes[i].outputs) for i in ops},
-                    {i: n.outputs[0].shape for i, n in enumerate(graph.nodes) if n.is_variable})
+                    {i: n.outputs[0].shape for i, n in enumerate(graph.nodes) if n.is_variable},
+                    {(i, k): t.shape for i in ops for k, t in enumerate(graph.nodes[i].outputs)})
 
 
 def replicate_strategy(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
@@ -255,15 +259,24 @@ class Cut:
                           position.get(node.inputs[0].node) if node.inputs else None))
         return tuple(parts)
 
+    def _layouts_for(self, member: int, j: int) -> list[StoreLayout]:
+        """Layouts output ``j`` may be stored in: axes the cut divides in its work view and in
+        its stored shard alike."""
+        shard = self.view.shard[(member, j)]
+        ok = [lay for lay in store_layouts(self.view.op_out[member][j], self.parts)
+              if lay == REPLICATED or shard[lay[1]] % self.parts == 0]
+        return ok or [REPLICATED]
+
     def _enumerate_choices(self, group: Group) -> None:
         leader = group.copies[0][0]
         for k, s in enumerate(self.strats[leader]):
             produced = s.output_layouts[0]
-            if produced.kind == "split" and produced.halo == (0, 0):
+            if produced.kind == "split" and produced.halo == (0, 0) and \
+                    ("split", produced.axis) in self._layouts_for(leader, 0):
                 group.choices.append((k, None))
                 group.labels.append(f"{s.name}")
                 continue
-            for layout in store_layouts(self.view.op_out[leader][0], self.parts):
+            for layout in self._layouts_for(leader, 0):
                 group.choices.append((k, layout))
                 group.labels.append(f"{s.name} -> {layout_name(layout)}")
 
@@ -280,7 +293,8 @@ class Cut:
                 src = self.graph.nodes[m].inputs[0].node
                 src_layout = result[src][1][self.graph.nodes[m].inputs[0].index]
                 rule = self.follow[m]
-                if src_layout[0] == "split" and src_layout[1] in rule:
+                if src_layout[0] == "split" and src_layout[1] in rule and \
+                        src_layout in self._layouts_for(m, 0):
                     fs = self.strats[m][rule[src_layout[1]]]
                     result[m] = (fs, (src_layout,))
                 else:   # its input is stored whole: read it whole, compute all of it
@@ -293,16 +307,17 @@ class Cut:
         pooling workspace, BatchNorm's saved statistics) lives with the operator's shard: it
         follows output 0 when it has its shape, and is kept whole (it is small) otherwise."""
         shapes = self.view.op_out[member]
-        described = [self._stored(s, j, store, shapes[j]) for j in range(len(s.outputs))]
+        described = [self._stored(s, j, store, member) for j in range(len(s.outputs))]
         hidden = [described[0] if shapes[j] == shapes[0] else REPLICATED
                   for j in range(len(s.outputs), len(shapes))]
         return tuple(described + hidden)
 
-    def _stored(self, s: Strategy, j: int, store: StoreLayout | None, shape: Shape) -> StoreLayout:
+    def _stored(self, s: Strategy, j: int, store: StoreLayout | None, member: int) -> StoreLayout:
         produced = s.output_layouts[j]
-        if produced.kind == "split" and produced.halo == (0, 0):
+        options = self._layouts_for(member, j)
+        if produced.kind == "split" and produced.halo == (0, 0) and \
+                ("split", produced.axis) in options:
             return ("split", produced.axis)
-        options = store_layouts(shape, self.parts)
         if store is not None and store in options:
             return store
         return options[0]
@@ -417,9 +432,14 @@ def _needs_grad(graph: Graph) -> dict[tuple[int, int], bool]:
 def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
               var_layout: dict[int, StoreLayout]) -> View:
     """The work view of one part after this cut: what each operator reads and computes."""
-    op_in, op_out, var = {}, {}, {}
+    op_in, op_out, var, shard = {}, {}, {}, {}
     for i in cut.ops:
-        s, _ = resolved_by_member[i]
+        s, stored = resolved_by_member[i]
+        for k, layout in enumerate(stored):
+            shape = list(cut.view.shard[(i, k)])
+            if layout[0] == "split":
+                shape[layout[1]] //= cut.parts
+            shard[(i, k)] = tuple(shape)
         op_in[i] = tuple(_box_shape(s.inputs[j], cut.view.op_in[i][j])
                          for j in range(len(cut.view.op_in[i])))
         op_out[i] = tuple(_box_shape(s.outputs[k], cut.view.op_out[i][k])
@@ -431,7 +451,7 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
         if layout[0] == "split":
             shape[layout[1]] //= cut.parts
         var[v] = tuple(shape)
-    return View(op_in, op_out, var)
+    return View(op_in, op_out, var, shard)
 
 
 def _box_shape(regions, fallback: Shape) -> Shape:

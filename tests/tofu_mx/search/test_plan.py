@@ -73,9 +73,15 @@ def test_prime_factor_orders():
     assert factor_orders(12, False) == [(3, 2, 2)]
 
 
-def test_shapes_are_never_split_unevenly():
-    sym = models.wresnet(14, 1, 10)
-    p = plan(sym, 6, **models.input_shapes("wresnet", 6, image_size=32))
+@pytest.mark.parametrize("sym, shapes, k", [
+    (models.wresnet(14, 1, 10), models.input_shapes("wresnet", 6, image_size=32), 6),
+    (models.wresnet(14, 1, 10), models.input_shapes("wresnet", 4, image_size=32), 8),
+    (models.rnn(2, 24, 3, 36), models.input_shapes("rnn", 6, seq_len=3), 12),
+    (models.transformer(1, 24, 4, 6, 36), models.input_shapes("transformer", 2, seq_len=6), 8),
+    (mlp((12, 12)), {"data": (2, 32), "softmax_label": (2,)}, 8),   # a tiny batch: partials
+])
+def test_shapes_are_never_split_unevenly(sym, shapes, k):
+    p = plan(sym, k, **shapes)
     for t in p.tensors:
         shape = list(t.shape)
         for layout, parts in zip(t.layouts, p.factors):
