@@ -300,14 +300,27 @@ def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions
 
 def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
                options: SearchOptions = SearchOptions(), choose=None) -> Plan:
-    best = None
+    """The cheapest plan over every order of the device count's prime factors; with a
+    ``memory_budget``, the cheapest of those that fit (else NoFeasiblePlanError, reporting
+    the smallest footprint found)."""
     orders = factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
-    for order in orders:
-        results = search_levels(graph, order, options, choose)
-        total = sum(math.prod(order[:k]) * r.solution.cost for k, r in enumerate(results))
-        if best is None or total < best[0]:
-            best = (total, order, results)
-    _, order, results = best
+    candidates = sorted((_assemble(graph, num_devices, order,
+                                   search_levels(graph, order, options, choose), options)
+                         for order in orders), key=lambda p: (p.total_bytes, p.factors))
+    if memory_budget is None:
+        return candidates[0]
+    failures = []
+    for candidate in candidates:
+        try:
+            _check_budget(candidate, memory_budget, num_devices)
+            return candidate
+        except NoFeasiblePlanError as e:
+            failures.append(e)
+    raise min(failures, key=lambda e: e.footprint)
+
+
+def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
+              results: list[_LevelResult], options: SearchOptions) -> Plan:
     tensors = _tensor_plans(graph, results)
     grads = results[0].cut.needs_grad if results else _grad_flags(graph)
     levels = tuple(Level(p, math.prod(order[:k]), r.solution.cost, len(r.cut.order),
@@ -315,17 +328,14 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
                    for k, (p, r) in enumerate(zip(order, results)))
     ops = tuple(OpPlan(n.name, n.op, tuple(r.members[i][0].name for r in results))
                 for i, n in enumerate(graph.nodes) if not n.is_variable)
-    opaque = _opaque_ops(graph)
     coarsening = {}
     if results:
         cut = results[0].cut
         coarsening = {"operators": len(cut.ops), "groups": sum(len(g.copies) for g in cut.groups),
                       "tied": len(cut.groups)}
-    result = Plan(num_devices, tuple(order), levels, tensors, ops,
-                  _memory(graph, tensors, grads, options, num_devices), opaque, coarsening)
-    if memory_budget is not None:
-        _check_budget(result, memory_budget, num_devices)
-    return result
+    return Plan(num_devices, tuple(order), levels, tensors, ops,
+                _memory(graph, tensors, grads, options, num_devices), _opaque_ops(graph),
+                coarsening)
 
 
 def _opaque_ops(graph: Graph) -> tuple[str, ...]:
