@@ -150,11 +150,12 @@ def _preserves_layout(strats: list[Strategy], in_shape: Shape, out_shape: Shape,
 class Cut:
     """The problem of one cut into ``parts`` at one view, and how to read its solution."""
 
-    def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True):
+    def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True,
+                 needs_grad: dict | None = None):
         self.graph, self.view, self.parts = graph, view, parts
         self.ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
         self.strats = {i: op_strategies(graph, i, view, parts) for i in self.ops}
-        self.needs_grad = _needs_grad(graph)
+        self.needs_grad = needs_grad_of(graph) if needs_grad is None else needs_grad
         self.follow: dict[int, dict[int, int]] = {}
         self.groups = self._coarsen(tie)
         self.variables = [i for i, n in enumerate(graph.nodes) if n.is_variable]
@@ -189,11 +190,12 @@ class Cut:
         """Tie the copies of an unrolled RNN step: groups that read the same parameter with the
         same structure, then, repeatedly, the groups that each copy of a tied family feeds
         (or is fed by) alone with one structure."""
-        signatures: dict[int, tuple] = {}
+        signatures: dict[int, int] = {}
+        interned: dict[tuple, int] = {}
 
-        def sig(k: int) -> tuple:   # computed only for the copies that ties can reach
+        def sig(k: int) -> int:   # computed only for the copies that ties can reach, as an id
             if k not in signatures:
-                signatures[k] = self._signature(copies[k])
+                signatures[k] = interned.setdefault(self._signature(copies[k]), len(interned))
             return signatures[k]
         of_node = {m: k for k, c in enumerate(copies) for m in c}
         parent = list(range(len(copies)))
@@ -224,7 +226,7 @@ class Cut:
                         succ[of_node[e.node]].add(k)
                         pred[k].add(of_node[e.node])
         for ks in readers.values():
-            first_of: dict[tuple, int] = {}
+            first_of: dict[int, int] = {}
             for k in ks:
                 union(first_of.setdefault(sig(k), k), k)
         changed = True
@@ -237,7 +239,7 @@ class Cut:
                 if len(members) < 2:
                     continue
                 for links in (succ, pred):
-                    by_sig: dict[tuple, list[int]] = {}
+                    by_sig: dict[int, list[int]] = {}
                     for k in members:
                         for n in links[k]:
                             by_sig.setdefault(sig(n), []).append(n)
@@ -414,7 +416,7 @@ def _producer(layout, shape, produced, partial, itemsize, grad):
     return producer_bytes(layout, shape, produced, partial, itemsize, grad)
 
 
-def _needs_grad(graph: Graph) -> dict[tuple[int, int], bool]:
+def needs_grad_of(graph: Graph) -> dict[tuple[int, int], bool]:
     """Whether each tensor carries a gradient: parameters do, and whatever is computed from
     them, except through BlockGrad."""
     grad: dict[tuple[int, int], bool] = {}
@@ -462,4 +464,4 @@ def _box_shape(regions, fallback: Shape) -> Shape:
 
 
 __all__ = ["Cut", "Group", "REPLICATED", "View", "layout_name", "next_view", "op_strategies",
-           "replicate_strategy", "store_layouts"]
+           "replicate_strategy", "store_layouts", "needs_grad_of"]

@@ -22,7 +22,7 @@ import numpy as np
 from nnvm_passes.importer import import_symbol
 from nnvm_passes.ir import Graph
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
-from tofu_mx.search.cut import Cut, View, layout_name, next_view
+from tofu_mx.search.cut import Cut, View, layout_name, needs_grad_of, next_view
 from tofu_mx.search.dp import Solution, solve_dp
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.registry import Description, lookup
@@ -181,8 +181,8 @@ class _LevelResult:
 
 
 def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
-                 choose=None) -> _LevelResult:
-    cut = Cut(graph, view, parts, tie=options.tie)
+                 choose=None, grads=None) -> _LevelResult:
+    cut = Cut(graph, view, parts, tie=options.tie, needs_grad=grads)
     problem = cut.problem()
     progress = _progress_bar(len(problem.names), options, f"{parts}-way cut")
     try:
@@ -215,9 +215,9 @@ def _progress_bar(total: int, options: SearchOptions, what: str):
 
 def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
                   choose=None) -> list[_LevelResult]:
-    view, results = View.of(graph), []
+    view, results, grads = View.of(graph), [], needs_grad_of(graph)
     for parts in order:
-        result = _solve_level(graph, view, parts, options, choose)
+        result = _solve_level(graph, view, parts, options, choose, grads)
         results.append(result)
         view = next_view(result.cut, result.members, result.var_layout)
     return results
@@ -322,7 +322,7 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
 def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
               results: list[_LevelResult], options: SearchOptions) -> Plan:
     tensors = _tensor_plans(graph, results)
-    grads = results[0].cut.needs_grad if results else _grad_flags(graph)
+    grads = results[0].cut.needs_grad if results else needs_grad_of(graph)
     levels = tuple(Level(p, math.prod(order[:k]), r.solution.cost, len(r.cut.order),
                          r.solution.max_frontier, r.solution.max_states)
                    for k, (p, r) in enumerate(zip(order, results)))
@@ -347,8 +347,3 @@ def _opaque_ops(graph: Graph) -> tuple[str, ...]:
         elif not isinstance(entry, Description):
             found.append(f"{node.name} ({node.op}): {entry.reason}")
     return tuple(found)
-
-
-def _grad_flags(graph: Graph):
-    from tofu_mx.search.cut import _needs_grad
-    return _needs_grad(graph)

@@ -173,3 +173,25 @@ def test_a_weight_shared_by_tied_steps_is_fetched_once():
                  for t in dp.tensors if t.kind == "param")
     # at most one all-reduce's worth (2 (k-1) S, k = 2) per parameter, not one per step
     assert dp.total_bytes <= 2 * params + 6 * 8 * 16 * 4 * 8
+
+
+ZOO_PLANS = ["alexnet", "vgg11_bn", "resnet18_v1", "resnet50_v2", "densenet121",
+             "squeezenet1.0", "inceptionv3", "mobilenet1.0", "mobilenetv2_1.0"]
+
+
+@pytest.mark.parametrize("name", ZOO_PLANS)
+def test_every_zoo_net_plans_at_2_3_and_4_devices(name):
+    from mxnet.gluon.model_zoo import vision
+
+    from tofu_mx.tdl.coverage import ZOO
+    with mx.name.NameManager():
+        sym = vision.get_model(name, classes=12)(mx.sym.var("data"))
+    size = ZOO[name]
+    graph = import_symbol(sym, data=(12, 3, size, size))
+    for k in (2, 3, 4):
+        p = plan_graph(graph, k)
+        assert math.prod(p.factors) == k and p.opaque == ()
+        for t in p.tensors:
+            assert all(s >= 1 for s in t.shard), t
+        assert Plan.from_json(p.to_json()) == p
+    assert plan_graph(graph, 2).total_bytes <= baseline_plan(graph, 2, "data_parallel").total_bytes
