@@ -269,12 +269,19 @@ class Cut:
               if lay == REPLICATED or shard[lay[1]] % self.parts == 0]
         return ok or [REPLICATED]
 
+    def _as_computed(self, s: Strategy, j: int, member: int) -> StoreLayout | None:
+        """The split output ``j`` is computed in, when it can be stored that way (no move)."""
+        produced = s.output_layouts[j]
+        layout = ("split", produced.axis)
+        if produced.kind == "split" and produced.halo == (0, 0) and \
+                layout in self._layouts_for(member, j):
+            return layout
+        return None
+
     def _enumerate_choices(self, group: Group) -> None:
         leader = group.copies[0][0]
         for k, s in enumerate(self.strats[leader]):
-            produced = s.output_layouts[0]
-            if produced.kind == "split" and produced.halo == (0, 0) and \
-                    ("split", produced.axis) in self._layouts_for(leader, 0):
+            if self._as_computed(s, 0, leader) is not None:
                 group.choices.append((k, None))
                 group.labels.append(f"{s.name}")
                 continue
@@ -315,11 +322,10 @@ class Cut:
         return tuple(described + hidden)
 
     def _stored(self, s: Strategy, j: int, store: StoreLayout | None, member: int) -> StoreLayout:
-        produced = s.output_layouts[j]
+        computed = self._as_computed(s, j, member)
+        if computed is not None:
+            return computed
         options = self._layouts_for(member, j)
-        if produced.kind == "split" and produced.halo == (0, 0) and \
-                ("split", produced.axis) in options:
-            return ("split", produced.axis)
         if store is not None and store in options:
             return store
         return options[0]

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from tofu_mx.tdl.lang import (Access, Affine, Bin, Cmp, DataIndex, Depends, Expr, FloorDiv,
-                              IAdd, Index, IScale, Mod, Reduce, TDLError, Unary, Where)
+                              IAdd, Index, IScale, Mod, Reduce, TDLError, Unary, Where,
+                              index_nodes)
 from tofu_mx.tdl.registry import Opaque, Traced, walk
 
 Interval = tuple[int, int]                 # inclusive bounds
@@ -98,8 +99,8 @@ def _collect(e: Expr, env: dict[str, Interval], split: Mapping[str, Interval],
              extents: Mapping[str, int], out: _Regions) -> None:
     if isinstance(e, Access):
         out.add(e, env)
-        for i in e.indices:
-            for sub in _data_indices(i):
+        for sub in index_nodes(e.indices):
+            if isinstance(sub, DataIndex):
                 _collect(sub.value, env, split, extents, out)
     elif isinstance(e, Bin):
         _collect(e.a, env, split, extents, out)
@@ -133,16 +134,6 @@ def _collect_where(e: Where, env, split, extents, out: _Regions) -> None:
         _collect(e.a, then_env, split, extents, out)
     if iv is None or iv[0] < lo or iv[1] > hi:           # the else-branch may be taken
         _collect(e.b, env, split, extents, out)
-
-
-def _data_indices(i: Index):
-    if isinstance(i, DataIndex):
-        yield i
-    elif isinstance(i, IAdd):
-        for p in i.parts:
-            yield from _data_indices(p)
-    elif isinstance(i, (IScale, FloorDiv, Mod)):
-        yield from _data_indices(i.inner)
 
 
 def _uses(e: Expr, var: str) -> bool:
@@ -311,13 +302,8 @@ def _reduce_combine(traced: Traced, var: str) -> str | None:
 
 
 def _mentions(i: Index, var: str) -> bool:
-    if isinstance(i, Affine):
-        return any(name == var for name, _ in i.terms)
-    if isinstance(i, IAdd):
-        return any(_mentions(p, var) for p in i.parts)
-    if isinstance(i, (IScale, FloorDiv, Mod)):
-        return _mentions(i.inner, var)
-    return False
+    return any(isinstance(n, Affine) and any(name == var for name, _ in n.terms)
+               for n in index_nodes((i,)))
 
 
 def _runnable_on_slices(traced: Traced, strategy: Strategy) -> bool:

@@ -164,6 +164,19 @@ def _iscale(a: Index, k: int) -> Index:
     return IScale(a, k)
 
 
+def index_nodes(indices: Sequence[Index]):
+    """Every node of these index expressions (a data-dependent index is yielded, its value
+    expression is not entered)."""
+    stack = list(indices)
+    while stack:
+        i = stack.pop()
+        yield i
+        if isinstance(i, IAdd):
+            stack += list(i.parts)
+        elif isinstance(i, (IScale, FloorDiv, Mod)):
+            stack.append(i.inner)
+
+
 def index(value: "Expr") -> Index:
     """Use a tensor's value as an index (rounded down): ``weight[index(data[b, t]), d]``."""
     if not isinstance(value, Expr):

@@ -21,9 +21,9 @@ import mxnet as mx
 
 from nnvm_passes.importer import import_symbol
 from nnvm_passes.ir import Graph, format_attr_value, is_hidden_attr, parse_attr_value
-from tofu_mx.tdl.lang import (Access, Bin, Cmp, DataIndex, Depends, Expr, FloorDiv, IAdd,
-                              IScale, Mod, Reduce, TDLError, TensorRef, Unary, Var, Where,
-                              lambda_params, trace_lambda)
+from tofu_mx.tdl.lang import (Access, Bin, Cmp, DataIndex, Depends, Expr, Reduce, TDLError,
+                              TensorRef, Unary, Var, Where, index_nodes, lambda_params,
+                              trace_lambda)
 
 
 class Attrs(Mapping[str, Any]):
@@ -34,6 +34,13 @@ class Attrs(Mapping[str, Any]):
         #: The operator's output shapes, as MXNet infers them from these attributes and the
         #: input shapes (Reshape's special codes resolved, say).
         self.output_shapes = tuple(tuple(s) for s in output_shapes)
+
+    def with_output_shapes(self, output_shapes: Sequence[Sequence[int]]) -> "Attrs":
+        """The same attributes, knowing the operator's output shapes."""
+        copy = Attrs({})
+        copy._values = self._values
+        copy.output_shapes = tuple(tuple(s) for s in output_shapes)
+        return copy
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -248,18 +255,7 @@ def walk(expr: Expr):
         elif isinstance(e, Depends):
             stack += [e.value, *e.on]
         elif isinstance(e, Access):
-            stack += [i.value for i in _index_nodes(e.indices) if isinstance(i, DataIndex)]
-
-
-def _index_nodes(indices):
-    stack = list(indices)
-    while stack:
-        i = stack.pop()
-        yield i
-        if isinstance(i, IAdd):
-            stack += list(i.parts)
-        elif isinstance(i, (IScale, FloorDiv, Mod)):
-            stack.append(i.inner)
+            stack += [i.value for i in index_nodes(e.indices) if isinstance(i, DataIndex)]
 
 
 def _infer_extents(outputs: list[Output]) -> dict[str, int]:
@@ -301,8 +297,7 @@ def trace(desc: Description, attrs: Attrs, input_shapes: Sequence[Sequence[int]]
                        f"has {len(input_shapes)}")
     names = list(desc.input_names) + [f"arg{i}" for i in range(n_named, len(input_shapes))]
     refs = [TensorRef(names[i], i, s) for i, s in enumerate(input_shapes)]
-    attrs = Attrs({k: format_attr_value(v) if not isinstance(v, str) else v
-                   for k, v in attrs.items()}, output_shapes)
+    attrs = attrs.with_output_shapes(output_shapes)
     try:
         result = desc.fn(attrs, *refs)
     except Exception as e:
