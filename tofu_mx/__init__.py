@@ -20,9 +20,10 @@ _os.environ.setdefault("MXNET_MKLDNN_ENABLED", "0")
 # With MKLDNN off, MXNet logs a "storage fallback" warning per operator; they are harmless.
 _os.environ.setdefault("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", "0")
 
-from tofu_mx.errors import (BindError, ContextError, InvalidArgumentError,  # noqa: E402
-                            NoFeasiblePlanError, NotASymbolError, ShapeInferenceError,
-                            TofuError, UnknownInputError, VerificationError)
+from tofu_mx.errors import (BindError, CheckpointError, ContextError,  # noqa: E402
+                            InvalidArgumentError, NoFeasiblePlanError, NotASymbolError,
+                            ShapeInferenceError, TofuError, UnknownInputError,
+                            UnsupportedOperatorError, VerificationError)
 
 __version__ = "0.1.0"
 
@@ -35,9 +36,11 @@ _LAZY = {
     "plan": "tofu_mx.search.plan",
     "Plan": "tofu_mx.search.plan",
     "SearchOptions": "tofu_mx.search.plan",
+    "partition": "tofu_mx.runtime.partitioned",
+    "PartitionedSymbol": "tofu_mx.runtime.partitioned",
 }
 _SUBMODULES = ("models", "devices", "values", "summary", "verification", "cli", "tdl", "ops",
-               "search")
+               "search", "runtime")
 
 
 def __getattr__(name: str):
@@ -54,7 +57,8 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
 
 
-__all__ = ["BindError", "ContextError", "GraphSummary", "InvalidArgumentError",
-           "NoFeasiblePlanError", "NotASymbolError", "Plan", "SearchOptions",
-           "ShapeInferenceError", "TensorComparison", "TofuError", "UnknownInputError",
-           "VerificationError", "VerificationReport", "models", "plan", "summarize", "verify"]
+__all__ = ["BindError", "CheckpointError", "ContextError", "GraphSummary",
+           "InvalidArgumentError", "NoFeasiblePlanError", "NotASymbolError", "PartitionedSymbol",
+           "Plan", "SearchOptions", "ShapeInferenceError", "TensorComparison", "TofuError",
+           "UnknownInputError", "UnsupportedOperatorError", "VerificationError",
+           "VerificationReport", "models", "partition", "plan", "summarize", "verify"]

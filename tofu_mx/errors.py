@@ -52,3 +52,11 @@ class NoFeasiblePlanError(TofuError):
     def __init__(self, message: str, footprint: int = 0, devices_needed: int | None = None):
         super().__init__(message)
         self.footprint, self.devices_needed = footprint, devices_needed
+
+
+class UnsupportedOperatorError(TofuError):
+    """An operator can be neither partitioned (no description, no batch axis) nor skipped."""
+
+
+class CheckpointError(InvalidArgumentError):
+    """A parameter file or dict does not match the symbol (missing, extra, misshaped)."""

@@ -143,16 +143,22 @@ def _groups(graph: Graph) -> list[str]:
     return list(dict.fromkeys(n.ctx_group for n in graph.nodes if n.ctx_group is not None))
 
 
+def _grad_req(graph: Graph) -> dict[str, str]:
+    """Gradients of every float input that no operator reads as an index."""
+    consumers = graph.consumers()
+    return {n.name: "write" if np.issubdtype(np.dtype(n.outputs[0].dtype), np.floating)
+            and index_range(graph, i, consumers) is None else "null"
+            for i, n in enumerate(graph.nodes) if n.is_variable and n.kind != "aux"}
+
+
 def _run(graph: Graph, ctx0: mx.Context, group2ctx: dict | None, values: dict,
-         head_grads: list[np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+         head_grads: list[np.ndarray], output_names: list[str],
+         grad_req: dict[str, str] | None = None) -> dict[str, np.ndarray]:
     """Forward (training mode) and backward once; every output, gradient and aux state."""
     args = {i: n for i, n in enumerate(graph.nodes) if n.is_variable and n.kind != "aux"}
     shapes = {n.name: n.outputs[0].shape for n in args.values()}
     types = {n.name: n.outputs[0].dtype for n in args.values()}
-    consumers = graph.consumers()
-    grad_req = {n.name: "write" if np.issubdtype(np.dtype(types[n.name]), np.floating)
-                and index_range(graph, i, consumers) is None else "null"
-                for i, n in args.items()}
+    grad_req = grad_req or _grad_req(graph)
     # MKLDNN's subgraph passes are inference-only: they can drop ctx groups, and MXNet skips
     # them when any gradient is requested, so they are switched off only for such binds.
     no_grad = all(req == "null" for req in grad_req.values())
@@ -194,6 +200,23 @@ def _values(graph: Graph, seed: int, arrays: Mapping[str, Any] | None) -> dict[s
     return values
 
 
+def _run_sharded(sharded: Any, ref_graph: Graph, cand_graph: Graph, ctx0, placement, values,
+                 head_grads, output_names) -> dict[str, np.ndarray]:
+    """Run a partitioned candidate (variables are shards of the reference's): the inputs are
+    split into shards, and gradients and aux states merged back to the reference's names."""
+    ref_req = _grad_req(ref_graph)
+    grad_req = {s.name: ref_req.get(s.source, "null") for s in sharded.shards if s.kind != "aux"}
+    got = _run(cand_graph, ctx0, placement, sharded.split_arrays(values), head_grads,
+               output_names, grad_req)
+    out = {k: v for k, v in got.items() if k.startswith("output ")}
+    for prefix in ("grad ", "aux "):
+        merged = sharded.merge_arrays({k[len(prefix):]: v for k, v in got.items()
+                                       if k.startswith(prefix)})
+        out.update({prefix + k: v for k, v in merged.items()
+                    if prefix == "aux " or ref_req.get(k) == "write"})
+    return out
+
+
 def verify(reference: mx.sym.Symbol, candidate: Any, ctx: Sequence[mx.Context],
            rtol: float = 1e-4, atol: float = 1e-5, seed: int = 0, *,
            group2ctx: Mapping[str, Any] | None = None, arrays: Mapping[str, Any] | None = None,
@@ -219,12 +242,17 @@ def verify(reference: mx.sym.Symbol, candidate: Any, ctx: Sequence[mx.Context],
     any array of the caller's is modified.
     """
     reference = check_symbol(reference, "reference")
+    sharded = candidate if hasattr(candidate, "split_arrays") else None
     candidate, group2ctx = _unpack_candidate(candidate, group2ctx)
     ctx = check_contexts(ctx)
     ref_graph = disable_dropout(import_symbol(reference, dtypes=dtypes, **shapes))
-    _check_input_names(reference, candidate)
-    cand_graph = disable_dropout(import_symbol(candidate, dtypes=dtypes, **shapes))
-    _check_shapes(ref_graph, cand_graph)
+    if sharded is None:
+        _check_input_names(reference, candidate)
+        cand_graph = disable_dropout(import_symbol(candidate, dtypes=dtypes, **shapes))
+        _check_shapes(ref_graph, cand_graph)
+    else:
+        cand_graph = disable_dropout(import_symbol(
+            candidate, dtypes={s.name: s.dtype for s in sharded.shards}, **sharded.shard_shapes))
     values = _values(ref_graph, seed, arrays)
     rng = np.random.default_rng([seed, 1])
     head_grads = [rng.standard_normal(t.shape).astype(t.dtype) for t in ref_graph.output_infos]
@@ -232,7 +260,11 @@ def verify(reference: mx.sym.Symbol, candidate: Any, ctx: Sequence[mx.Context],
     expected = _run(ref_graph, ctx[0], None, values, head_grads, output_names)
     placement = resolve_group2ctx(_groups(cand_graph), ctx, group2ctx)
     warn_if_mkldnn_across_cpus([ctx[0], *placement.values()])
-    got = _run(cand_graph, ctx[0], placement, values, head_grads, output_names)
+    if sharded is None:
+        got = _run(cand_graph, ctx[0], placement, values, head_grads, output_names)
+    else:
+        got = _run_sharded(sharded, ref_graph, cand_graph, ctx[0], placement, values,
+                           head_grads, output_names)
     comparisons = tuple(_compare(name, ref, got[name], rtol, atol)
                         for name, ref in expected.items())
     report = VerificationReport(comparisons, rtol, atol, seed, tuple(str(c) for c in ctx))

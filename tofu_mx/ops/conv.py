@@ -1,7 +1,7 @@
 """Convolution and pooling (NCHW-style layouts, 1-D to 3-D)."""
 import math
 
-from tofu_mx.tdl import Max, Sum, in_range, lam, op, where
+from tofu_mx.tdl import Max, Shard, Sum, in_range, lam, op, where
 
 
 def _spatial(attrs, key, n, default):
@@ -9,7 +9,50 @@ def _spatial(attrs, key, n, default):
     return tuple(value) if value else (default,) * n
 
 
-@op("Convolution", examples=[
+def _window_pads(ctx, axes, kernel, stride, out_size, explicit_ok):
+    """Per spatial axis, the pad attribute one share runs with, and the axes whose input is
+    read in its unclipped window with the pad values materialised (a share at a border needs
+    padding on one side only, which MXNet's symmetric ``pad`` cannot say)."""
+    pads, explicit = [], []
+    for a, k, s in zip(axes, kernel, stride):
+        (wlo, whi), (clo, chi) = ctx.windows[0][a], ctx.inputs[0][a]
+        lo, hi = clo - wlo, whi - chi
+        want = ctx.size(ctx.outputs[0])[a]
+        if hi <= lo and out_size(chi - clo + 1, lo, k, s) == want:
+            pads.append(lo)
+        elif explicit_ok and out_size(whi - wlo + 1, 0, k, s) == want:
+            pads.append(0)
+            explicit.append(a)
+        else:
+            return None
+    return tuple(pads), tuple(explicit)
+
+
+def _conv_size(length, pad, kernel, stride):
+    return (length + 2 * pad - kernel) // stride + 1
+
+
+def _conv_shard(attrs, ctx):
+    n = len(ctx.input_shapes[0]) - 2
+    kernel = tuple(attrs["kernel"])
+    dilate, stride = _spatial(attrs, "dilate", n, 1), _spatial(attrs, "stride", n, 1)
+    k_eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilate))
+    found = _window_pads(ctx, range(2, n + 2), k_eff, stride, _conv_size, True)
+    if found is None:
+        return None
+    pads, explicit = found
+    filters, per_group = ctx.size(ctx.outputs[0])[1], ctx.size(ctx.inputs[1])[1]
+    in_channels = ctx.size(ctx.inputs[0])[1]
+    groups = in_channels // per_group
+    if groups * per_group != in_channels or filters % groups:
+        return None
+    changes = {"num_filter": filters, "num_group": groups, "pad": pads}
+    if len(ctx.inputs) > 2 and ctx.inputs[2] is None:
+        changes["no_bias"] = True
+    return Shard(changes, {0: explicit} if explicit else {})
+
+
+@op("Convolution", shard=_conv_shard, examples=[
     ({"kernel": (3, 3), "num_filter": 4, "pad": (1, 1)}, [(2, 3, 5, 5), (4, 3, 3, 3), (4,)]),
     ({"kernel": (3, 3), "num_filter": 4, "stride": (2, 2), "no_bias": True},
      [(2, 3, 7, 7), (4, 3, 3, 3)]),
@@ -57,7 +100,31 @@ def _pool_window_count(shape, xs, kernel, stride, pad, include_pad):
     return Sum(lam([f"c{k}" for k in range(n)], inside), *kernel)
 
 
-@op("Pooling", examples=[
+def _pool_shard(attrs, ctx):
+    n = len(ctx.input_shapes[0]) - 2
+    kind = attrs.get("pool_type", "max")
+    if attrs.get("global_pool", False):
+        if ctx.partial is None or kind != "avg":
+            return Shard()
+        whole = ctx.input_shapes[0][2:]
+        return Shard(scale=math.prod(ctx.size(ctx.inputs[0])[2:]) / math.prod(whole))
+    kernel = tuple(attrs["kernel"])
+    stride = _spatial(attrs, "stride", n, 1)
+    full = attrs.get("pooling_convention", "valid") == "full"
+
+    def size(length, pad, k, s):
+        return -((length + 2 * pad - k) // -s) + 1 if full else (length + 2 * pad - k) // s + 1
+    # Materialised pads are read like data: right for max (its pad value is -inf) and for an
+    # average that counts the pad; not for one that skips it, nor past the "full" border.
+    explicit_ok = kind == "max" or (attrs.get("count_include_pad", True) and not full)
+    found = _window_pads(ctx, range(2, n + 2), kernel, stride, size, explicit_ok)
+    if found is None:
+        return None
+    pads, explicit = found
+    return Shard({"pad": pads}, {0: explicit} if explicit else {})
+
+
+@op("Pooling", shard=_pool_shard, examples=[
     ({"kernel": (2, 2), "stride": (2, 2), "pool_type": "max"}, [(2, 3, 4, 4)]),
     ({"kernel": (3, 3), "stride": (2, 2), "pad": (1, 1), "pool_type": "max"}, [(1, 2, 5, 5)]),
     ({"kernel": (3, 3), "stride": (1, 1), "pad": (1, 1), "pool_type": "avg"}, [(1, 2, 4, 4)]),

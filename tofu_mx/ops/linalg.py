@@ -1,10 +1,17 @@
 """Linear algebra: FullyConnected, dot, batch_dot."""
 import numpy as np
 
-from tofu_mx.tdl import Sum, lam, op
+from tofu_mx.tdl import Shard, Sum, lam, op
 
 
-@op("FullyConnected", examples=[
+def _fc_shard(attrs, ctx):
+    changes = {"num_hidden": ctx.size(ctx.outputs[0])[-1]}
+    if len(ctx.inputs) > 2 and ctx.inputs[2] is None:
+        changes["no_bias"] = True
+    return Shard(changes)
+
+
+@op("FullyConnected", shard=_fc_shard, examples=[
     ({"num_hidden": 4}, [(2, 3), (4, 3), (4,)]),
     ({"num_hidden": 4, "no_bias": True}, [(2, 3), (4, 3)]),
     ({"num_hidden": 6, "flatten": False}, [(2, 3, 5), (6, 5), (6,)]),

@@ -1,9 +1,22 @@
 """Loss heads. Their forward pass ignores the label; the gradient reads it, which the
 descriptions declare with ``depends`` so the label gets a region like the data's."""
-from tofu_mx.tdl import Max, Sum, depends, exp, lam, op, sigmoid
+from tofu_mx.tdl import Max, Shard, Sum, depends, exp, lam, op, sigmoid
 
 
-@op("SoftmaxOutput", examples=[({}, [(3, 5), (3,)]), ({"multi_output": True}, [(2, 3, 4), (2, 4)]),
+def _softmax_output_shard(attrs, ctx):
+    """``normalization='batch'`` divides the gradient by the batch a share sees, so the share
+    scales it back; ``'valid'`` counts valid labels over the whole batch: whole only."""
+    norm = attrs.get("normalization", "null")
+    whole = ctx.input_shapes[0][0]
+    local = ctx.size(ctx.inputs[0])[0]
+    if norm == "valid" and local != whole:
+        return None
+    if norm == "batch" and local != whole:
+        return Shard({"grad_scale": float(attrs.get("grad_scale", 1.0)) * local / whole})
+    return Shard()
+
+
+@op("SoftmaxOutput", shard=_softmax_output_shard, examples=[({}, [(3, 5), (3,)]), ({"multi_output": True}, [(2, 3, 4), (2, 4)]),
                                ({"preserve_shape": True}, [(2, 3, 4), (2, 3)]),
                                ({}, [(2, 3, 2), (2, 3)]), ({"grad_scale": 2.0}, [(4, 3), (4,)])])
 def softmax_output(attrs, data, label):

@@ -49,7 +49,8 @@ def batch_norm(attrs, data, gamma, beta, moving_mean, moving_var):
 
     def out(*i):
         c = i[axis]
-        scale = 1.0 if attrs.get("fix_gamma", True) else gamma[c]
+        # With fix_gamma MXNet ignores gamma's values, but still takes it (shaped like beta).
+        scale = depends(1.0, gamma[c]) if attrs.get("fix_gamma", True) else gamma[c]
         if attrs.get("use_global_stats", False):
             normed = (data[i] - moving_mean[c]) * rsqrt(moving_var[c] + eps)
         else:

@@ -1,5 +1,7 @@
 """Reductions and softmax."""
-from tofu_mx.tdl import Max, Min, Sum, exp, lam, log, op
+import numpy as np
+
+from tofu_mx.tdl import Max, Min, Shard, Sum, exp, lam, log, op
 
 _KINDS = {"sum": Sum, "mean": Sum, "max": Max, "min": Min}
 
@@ -19,7 +21,16 @@ def _reduction(name):
     examples = [({"axis": 1}, [(2, 3, 4)]), ({"axis": (0, 2), "keepdims": True}, [(2, 3, 4)]),
                 ({}, [(2, 3)]), ({"axis": 1, "exclude": True}, [(2, 3, 4)]), ({"axis": -1}, [(3, 5)])]
 
-    @op(name, examples=examples)
+    def shard(attrs, ctx):
+        """A mean's partial is a sum over the share's slice divided by its own count."""
+        if name != "mean" or ctx.partial is None:
+            return Shard()
+        axes = _reduced_axes(attrs, len(ctx.input_shapes[0]))
+        size = ctx.size(ctx.inputs[0])
+        return Shard(scale=float(np.prod([size[a] for a in axes]) /
+                                 np.prod([ctx.input_shapes[0][a] for a in axes])))
+
+    @op(name, examples=examples, shard=shard)
     def describe(attrs, data):
         axes = _reduced_axes(attrs, data.ndim)
         kept = [a for a in range(data.ndim) if a not in axes]

@@ -1,8 +1,19 @@
 """Embedding and sequence operators."""
-from tofu_mx.tdl import index, lam, less, op, where
+from tofu_mx.tdl import Shard, index, lam, less, op, where
 
 
-@op("Embedding", examples=[({"input_dim": 7, "output_dim": 3}, [(2, 4), (7, 3)]),
+def _embedding_shard(attrs, ctx):
+    return Shard({"output_dim": ctx.size(ctx.outputs[0])[-1],
+                  "input_dim": ctx.size(ctx.inputs[1])[0]})
+
+
+def _mask_shard(attrs, ctx):
+    """The mask compares the step with the lengths: a share must start at step 0."""
+    axis = int(attrs.get("axis", 0))
+    return Shard() if ctx.outputs[0][axis][0] == 0 else None
+
+
+@op("Embedding", shard=_embedding_shard, examples=[({"input_dim": 7, "output_dim": 3}, [(2, 4), (7, 3)]),
                            ({"input_dim": 5, "output_dim": 2}, [(6,), (5, 2)])])
 def embedding(attrs, data, weight):
     """out[..., d] = weight[data[...], d]: a data-dependent index, so a split of the token
@@ -11,7 +22,7 @@ def embedding(attrs, data, weight):
     return lam(lead + 1, lambda *i: weight[index(data[i[:lead]]), i[lead]])
 
 
-@op("SequenceMask", examples=[({"use_sequence_length": True}, [(5, 3, 2), (3,)]),
+@op("SequenceMask", shard=_mask_shard, examples=[({"use_sequence_length": True}, [(5, 3, 2), (3,)]),
                               ({"use_sequence_length": True, "value": -1.0, "axis": 1}, [(3, 5, 2), (3,)]),
                               ({}, [(4, 2)])])
 def sequence_mask(attrs, data, sequence_length=None):

@@ -2,7 +2,7 @@
 slice, slice_axis, SliceChannel (split), Concat, stack."""
 import numpy as np
 
-from tofu_mx.tdl import in_range, lam, op, where
+from tofu_mx.tdl import Shard, in_range, lam, op, where
 
 
 def _runs(out_shape, in_shape):
@@ -48,11 +48,17 @@ def same_order(data, out_shape):
     return lam(len(out_shape), read)
 
 
-def _reshaping(name, examples):
-    op(name, examples=examples)(lambda attrs, data: same_order(data, attrs.output_shapes[0]))
+def _reshaping(name, examples, shard=None):
+    op(name, examples=examples, shard=shard)(
+        lambda attrs, data: same_order(data, attrs.output_shapes[0]))
 
 
-_reshaping("Reshape", [
+def _target_shape(attrs, ctx):
+    """A reshape's share: the share's output shape, spelled out (no special codes)."""
+    return Shard({"shape": ctx.size(ctx.outputs[0]), "reverse": False})
+
+
+_reshaping("Reshape", shard=_target_shape, examples=[
     ({"shape": (-1, 4)}, [(2, 3, 4)]), ({"shape": (0, 0, 2, -1)}, [(2, 3, 4)]),
     ({"shape": (-3, 0)}, [(2, 3, 4)]), ({"shape": (-4, -1, 2, 0, 0)}, [(4, 3, 5)]),
     ({"shape": (0, -2)}, [(2, 3, 4)]), ({"shape": (0, 0, -3)}, [(2, 3, 2, 2)]),
@@ -83,7 +89,23 @@ def _bound(value, n, default):
     return value + n if value < 0 else value
 
 
-@op("slice", examples=[({"begin": (1, 0), "end": (3, 4)}, [(4, 5)]),
+def _slice_shard(attrs, ctx):
+    """Begin and end move with the share's offsets (unit steps only)."""
+    n = len(ctx.input_shapes[0])
+    begin = tuple(attrs["begin"])
+    if any(s not in (None, 1) for s in tuple(attrs.get("step", ()) or ())):
+        return None
+    box, out = ctx.inputs[0], ctx.outputs[0]
+    new_begin, new_end = [], []
+    for a in range(n):
+        start = _bound(begin[a], ctx.input_shapes[0][a], 0) if a < len(begin) else 0
+        lo = start + out[a][0] - box[a][0]
+        new_begin.append(lo)
+        new_end.append(lo + out[a][1] - out[a][0] + 1)
+    return Shard({"begin": tuple(new_begin), "end": tuple(new_end), "step": ()})
+
+
+@op("slice", shard=_slice_shard, examples=[({"begin": (1, 0), "end": (3, 4)}, [(4, 5)]),
                        ({"begin": (0, None, 1), "end": (None, 4, 5), "step": (1, 2, 2)}, [(2, 5, 6)]),
                        ({"begin": (-3,), "end": (-1,)}, [(6, 2)]),
                        ({"begin": (4,), "end": (0,), "step": (-2,)}, [(6, 2)])])
@@ -101,7 +123,14 @@ def slice_(attrs, data):
     return lam(data.ndim, read)
 
 
-@op("slice_axis", examples=[({"axis": 1, "begin": 1, "end": 3}, [(2, 4)]),
+def _slice_axis_shard(attrs, ctx):
+    axis = int(attrs["axis"]) % len(ctx.input_shapes[0])
+    start = _bound(attrs["begin"], ctx.input_shapes[0][axis], 0)
+    lo = start + ctx.outputs[0][axis][0] - ctx.inputs[0][axis][0]
+    return Shard({"begin": lo, "end": lo + ctx.size(ctx.outputs[0])[axis]})
+
+
+@op("slice_axis", shard=_slice_axis_shard, examples=[({"axis": 1, "begin": 1, "end": 3}, [(2, 4)]),
                             ({"axis": 0, "begin": -2, "end": None}, [(5, 2)])])
 def slice_axis(attrs, data):
     axis = int(attrs["axis"]) % data.ndim
@@ -133,7 +162,12 @@ def slice_channel(attrs, data):
     return tuple(piece(k) for k in range(n))
 
 
-@op("Concat", examples=[({"dim": 1, "num_args": 2}, [(2, 3), (2, 4)]),
+def _read_count(attrs, ctx):
+    """Concat/stack along the split axis: a share reads only some of the inputs."""
+    return Shard({"num_args": sum(box is not None for box in ctx.inputs)})
+
+
+@op("Concat", shard=_read_count, examples=[({"dim": 1, "num_args": 2}, [(2, 3), (2, 4)]),
                         ({"dim": 1, "num_args": 3}, [(1, 2, 2, 2), (1, 3, 2, 2), (1, 1, 2, 2)]),
                         ({"dim": 0, "num_args": 2}, [(2, 3), (1, 3)])])
 def concat(attrs, *data):
@@ -150,7 +184,7 @@ def concat(attrs, *data):
     return lam(data[0].ndim, read)
 
 
-@op("stack", examples=[({"axis": 1, "num_args": 3}, [(2, 4)] * 3), ({"axis": 0, "num_args": 2}, [(3,)] * 2),
+@op("stack", shard=_read_count, examples=[({"axis": 1, "num_args": 3}, [(2, 4)] * 3), ({"axis": 0, "num_args": 2}, [(3,)] * 2),
                        ({"axis": -1, "num_args": 2}, [(2, 3)] * 2)])
 def stack(attrs, *data):
     rank = data[0].ndim + 1

@@ -73,26 +73,34 @@ class _Regions:
 
     def __init__(self, n_inputs: int):
         self.boxes: list[list[list[int]] | None] = [None] * n_inputs
+        self.windows: list[list[list[int]] | None] = [None] * n_inputs
 
     def add(self, access: Access, env: Mapping[str, Interval]) -> None:
         shape = access.tensor.shape
-        box = []
+        box, window = [], []
         for axis, i in enumerate(access.indices):
             iv = index_interval(i, env)
-            lo, hi = (0, shape[axis] - 1) if iv is None else (max(iv[0], 0),
-                                                              min(iv[1], shape[axis] - 1))
+            iv = (0, shape[axis] - 1) if iv is None else iv
+            lo, hi = max(iv[0], 0), min(iv[1], shape[axis] - 1)
             if lo > hi:
                 return  # reads only padding
             box.append([lo, hi])
-        mine = self.boxes[access.tensor.position]
-        if mine is None:
-            self.boxes[access.tensor.position] = box
-        else:
-            for have, new in zip(mine, box):
-                have[0], have[1] = min(have[0], new[0]), max(have[1], new[1])
+            window.append(list(iv) if access.pad is not None else [lo, hi])
+        for store, new in ((self.boxes, box), (self.windows, window)):
+            mine = store[access.tensor.position]
+            if mine is None:
+                store[access.tensor.position] = new
+            else:
+                for have, more in zip(mine, new):
+                    have[0], have[1] = min(have[0], more[0]), max(have[1], more[1])
 
     def result(self) -> tuple[Region, ...]:
         return tuple(None if b is None else tuple((lo, hi) for lo, hi in b) for b in self.boxes)
+
+    def result_windows(self) -> tuple[Region, ...]:
+        """The boxes before clipping to the tensors' bounds (reaching into their padding)."""
+        return tuple(None if b is None else tuple((lo, hi) for lo, hi in b)
+                     for b in self.windows)
 
 
 def _collect(e: Expr, env: dict[str, Interval], split: Mapping[str, Interval],
@@ -157,18 +165,24 @@ def _linear(e: Expr, var: str) -> bool:
     return False
 
 
-def _collect_partial(e: Expr, var: str, env, split, extents, out: _Regions) -> None:
-    """What a part other than the first reads: additive terms free of ``var`` are skipped."""
+def _collect_partial(e: Expr, var: str | Sequence[str], env, split, extents,
+                     out: _Regions) -> None:
+    """What a part other than the first reads: additive terms free of ``var`` are skipped
+    (with several reduction variables, terms free of any of them)."""
+    names = (var,) if isinstance(var, str) else tuple(var)
+
+    def uses_all(side):
+        return all(_uses(side, v) for v in names)
     if isinstance(e, Bin) and e.op in "+-":
         for side in (e.a, e.b):
-            if _uses(side, var):
-                _collect_partial(side, var, env, split, extents, out)
+            if uses_all(side):
+                _collect_partial(side, names, env, split, extents, out)
     elif isinstance(e, Bin):
-        lin, other = (e.a, e.b) if _uses(e.a, var) else (e.b, e.a)
-        _collect_partial(lin, var, env, split, extents, out)
+        lin, other = (e.a, e.b) if any(_uses(e.a, v) for v in names) else (e.b, e.a)
+        _collect_partial(lin, names, env, split, extents, out)
         _collect(other, env, split, extents, out)
     elif isinstance(e, Unary):
-        _collect_partial(e.a, var, env, split, extents, out)
+        _collect_partial(e.a, names, env, split, extents, out)
     else:
         _collect(e, env, split, extents, out)
 
@@ -340,6 +354,52 @@ def strategies(traced: Traced, parts: int = 2) -> list[Strategy]:
             if _runnable_on_slices(traced, strategy):
                 result.append(strategy)
     return result
+
+
+@dataclass(frozen=True)
+class Work:
+    """One device's share of an operator once every level's cut is applied: the operator's
+    loop variables narrowed to sub-ranges (``ranges``), what that share reads and computes."""
+
+    inputs: tuple[Region, ...]      # box of each input read, within bounds (None: not read)
+    windows: tuple[Region, ...]     # the same boxes before clipping (reaching into padding)
+    outputs: tuple[Region, ...]     # box of each output computed
+    partial: str | None             # sum | max | min when the outputs are partial, else None
+
+
+def work_regions(traced: Traced, ranges: Mapping[str, Interval], reduced: Sequence[str] = (),
+                 not_first: Sequence[str] = ()) -> Work:
+    """What one share of ``traced`` reads and computes when each variable in ``ranges`` runs
+    over that sub-range only (the composition of several cuts). ``reduced``: the variables
+    split by partition-n-reduce (the outputs are then partial); ``not_first``: those of them
+    whose first part this share is not (it skips the terms added outside their sum)."""
+    regions = _Regions(len(traced.inputs))
+    split = {v: ranges[v] for v in ranges}
+    outputs = []
+    for out in traced.outputs:
+        env = {v.name: ranges.get(v.name, (0, s - 1)) for v, s in zip(out.vars, out.shape)}
+        if not_first:
+            _collect_partial(out.expr, tuple(not_first), env, split, traced.extents, regions)
+        else:
+            _collect(out.expr, env, split, traced.extents, regions)
+        outputs.append(tuple(env[v.name] for v in out.vars))
+    partial = None
+    if reduced:
+        combines = {_reduce_combine(traced, v) for v in reduced}
+        if len(combines) != 1 or None in combines:
+            raise TDLError(f"{traced.op}: no single partition-n-reduce over {list(reduced)}")
+        partial = combines.pop()
+    return Work(regions.result(), regions.result_windows(), tuple(outputs), partial)
+
+
+def pad_values(traced: Traced) -> tuple[float | None, ...]:
+    """The value each input reads outside its bounds (``TensorRef.padded``), or None."""
+    found: list[float | None] = [None] * len(traced.inputs)
+    for out in traced.outputs:
+        for e in walk(out.expr):
+            if isinstance(e, Access) and e.pad is not None:
+                found[e.tensor.position] = e.pad
+    return tuple(found)
 
 
 def opaque_strategies(entry: Opaque, input_shapes: Sequence[Sequence[int]],

@@ -74,10 +74,39 @@ class Description:
     rtol: float
     atol: float
     note: str = ""
+    shard: Callable | None = field(default=None, repr=False)
 
     @property
     def family(self) -> str:
         return self.fn.__module__.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class ShardContext:
+    """One device's share of an operator, as a description's ``shard`` hook sees it: boxes are
+    inclusive ``(lo, hi)`` per axis in the whole tensor's coordinates."""
+
+    inputs: tuple           # box each input is read in, within bounds (None: not read)
+    windows: tuple          # the same boxes before clipping (reaching into the padding)
+    outputs: tuple          # box of each output this share computes
+    input_shapes: tuple     # the whole tensors' shapes
+    output_shapes: tuple
+    partial: str | None     # sum | max | min when this share computes partial outputs
+
+    @staticmethod
+    def size(box) -> tuple[int, ...]:
+        return tuple(hi - lo + 1 for lo, hi in box)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """How to run one share: attribute overrides, inputs to read in their unclipped window
+    (``padded[input] = axes``: the rewrite materialises the pad values there), and a factor
+    to multiply the outputs by (a mean's partial sum)."""
+
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    padded: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -163,13 +192,16 @@ def mxnet_input_names(op: str, attrs: Mapping[str, str]) -> tuple[str, ...] | No
     return tuple(n[len("tdlprobe_"):] if n.startswith("tdlprobe_") else n for n in names)
 
 
-def single_op_symbol(op: str, attrs: Mapping[str, str], n_inputs: int) -> mx.sym.Symbol:
-    """A symbol of one ``op`` node reading variables ``in0``, ``in1``, ..."""
+def single_op_symbol(op: str, attrs: Mapping[str, str], n_inputs: int,
+                     n_outputs: int = 1) -> mx.sym.Symbol:
+    """A symbol of one ``op`` node reading variables ``in0``, ``in1``, ..., giving its first
+    ``n_outputs`` outputs."""
     nodes = [{"op": "null", "name": f"in{i}", "inputs": []} for i in range(n_inputs)]
     nodes.append({"op": op, "name": "op", "attrs": dict(attrs),
                   "inputs": [[i, 0, 0] for i in range(n_inputs)]})
-    js = {"nodes": nodes, "arg_nodes": list(range(n_inputs)), "heads": [[n_inputs, 0, 0]],
-          "node_row_ptr": list(range(n_inputs + 2)), "attrs": {"mxnet_version": ["int", 10901]}}
+    js = {"nodes": nodes, "arg_nodes": list(range(n_inputs)),
+          "heads": [[n_inputs, j, 0] for j in range(n_outputs)],
+          "attrs": {"mxnet_version": ["int", 10901]}}
     try:
         return mx.sym.load_json(json.dumps(js))
     except mx.base.MXNetError as e:
@@ -185,14 +217,17 @@ def example_graph(op: str, example: Example) -> Graph:
 
 def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequence[int]]]],
        train: bool = True, rtol: float = 1e-4, atol: float = 1e-5, note: str = "",
-       replace: bool = False) -> Callable[[Callable], Callable]:
+       replace: bool = False, shard: Callable | None = None) -> Callable[[Callable], Callable]:
     """Register the decorated function as the description of operator ``name``.
 
     ``examples``: ``(attrs, input shapes)`` pairs; each is traced now (a malformed
     description raises :class:`TDLError` here) and checked against MXNet's kernel by
     :func:`tofu_mx.tdl.check.check_description`. ``train``: run that check in training mode.
     For an MXNet custom operator use ``"Custom:<op_type>"``. Registering a name twice is an
-    error unless ``replace=True``.
+    error unless ``replace=True``. ``shard(attrs, ctx: ShardContext) -> Shard | None``: how
+    one device's share runs (attributes that fix output sizes, padding, offsets); without it
+    the share runs with the operator's own attributes; None means the share cannot run as
+    this operator (the rewrite then computes the operator whole).
     """
     if name in _REGISTRY and not replace:
         raise TDLError(f"{name!r} already has a description ({_REGISTRY[name]!r:.80}); pass "
@@ -204,7 +239,7 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
         names, variadic = _signature(fn, name)
         exs = tuple(Example(_format_attrs(a), tuple(tuple(s) for s in shapes))
                     for a, shapes in examples)
-        desc = Description(name, fn, names, variadic, exs, train, rtol, atol, note)
+        desc = Description(name, fn, names, variadic, exs, train, rtol, atol, note, shard)
         mx_op, _, op_type = name.partition(":")
         if not variadic and not op_type:
             theirs = mxnet_input_names(mx_op, exs[0].attrs)
@@ -328,5 +363,6 @@ def trace(desc: Description, attrs: Attrs, input_shapes: Sequence[Sequence[int]]
     return Traced(desc.op, tuple(refs), tuple(outputs), extents)
 
 
-__all__ = ["Attrs", "Description", "Example", "Opaque", "Output", "Traced", "example_graph",
+__all__ = ["Attrs", "Description", "Example", "Opaque", "Output", "Shard", "ShardContext",
+           "Traced", "example_graph",
            "lookup", "op", "opaque", "registered", "registry_key", "trace", "unregister"]

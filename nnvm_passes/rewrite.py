@@ -1,0 +1,343 @@
+"""Rewrite: an assigned plan becomes an ordinary MXNet graph with one ctx group per device.
+
+Input: the imported :class:`~nnvm_passes.ir.Graph` and an assignment (what each device
+computes of every operator and stores of every tensor, :mod:`tofu_mx.runtime.assign`). The
+rewrite never decides anything; it emits, lazily from the graph's outputs backwards:
+
+- each operator's share on device ``d`` as one node ``<name>@dev<d>`` in group ``dev<d>``,
+  with the share's attributes;
+- each variable as one variable per distinct stored box, ``<name>@dev<d>`` on the first
+  device storing that box; a device needing it elsewhere reads it through one ``_copy`` on
+  the owner (MXNet cannot bind a variable with a gradient read on two devices); auxiliary
+  states (mutated in place) get one variable per device that updates them;
+- conversions: a region of a tensor on a device is cut out of the stored boxes it overlaps
+  with ``SliceChannel`` (equal pieces) or ``_split_v2`` (any cut points) on the device
+  holding them, and joined with ``Concat`` on the device needing it; padding is a ``_full``
+  block; partial outputs are combined with ``add_n`` (or ``_maximum``/``_minimum``) on the
+  device storing the result. MXNet inserts ``_CrossDeviceCopy`` between groups.
+
+The graph's outputs are joined whole on device 0, so the partitioned symbol has the
+original's outputs and shapes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from nnvm_passes.ir import Graph, format_attr_value
+from tofu_mx.errors import TofuError
+
+Box = tuple[tuple[int, int], ...]
+Sym = tuple[int, int]        # (node id, output index) in the JSON being built
+
+
+@dataclass(frozen=True)
+class VarShard:
+    """One variable of the partitioned graph: a box of an original variable on a device."""
+
+    name: str
+    source: str
+    kind: str                 # param | aux | data | label
+    device: int
+    box: Box
+    dtype: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(hi - lo + 1 for lo, hi in self.box)
+
+
+@dataclass
+class RewriteResult:
+    json: dict
+    shards: list[VarShard]
+    counts: dict[str, int] = field(default_factory=dict)   # nodes emitted, by role
+
+
+def _intersect(a: Box, b: Box) -> Box | None:
+    out = tuple((max(x[0], y[0]), min(x[1], y[1])) for x, y in zip(a, b))
+    return None if any(lo > hi for lo, hi in out) else out
+
+
+def group_name(device: int) -> str:
+    return f"dev{device}"
+
+
+class _Rewrite:
+    def __init__(self, graph: Graph, assignment: Any):
+        self.g, self.a = graph, assignment
+        self.k = assignment.num_devices
+        self.nodes: list[dict] = []
+        self.names: set[str] = set()
+        self.shards: list[VarShard] = []
+        self.counts: dict[str, int] = {}
+        self.memo: dict[tuple, Any] = {}
+
+    # --- emitting ---------------------------------------------------------------------------
+    def _name(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.names:
+            n += 1
+            name = f"{base}#{n}"
+        self.names.add(name)
+        return name
+
+    def add(self, op: str, base: str, attrs: Mapping[str, str], inputs, device: int,
+            role: str) -> int:
+        attrs = {**{k: v if isinstance(v, str) else format_attr_value(v)
+                    for k, v in attrs.items()}, "__ctx_group__": group_name(device)}
+        self.nodes.append({"op": op, "name": self._name(base), "attrs": attrs,
+                           "inputs": [[n, i, 0] for n, i in inputs]})
+        self.counts[role] = self.counts.get(role, 0) + 1
+        return len(self.nodes) - 1
+
+    def suffix(self, device: int) -> str:
+        return "" if self.k == 1 else f"@dev{device}"
+
+    # --- variables --------------------------------------------------------------------------
+    def cells(self, t: tuple[int, int]) -> dict[Box, list[int]]:
+        """Distinct stored boxes of tensor ``t`` and the devices storing each."""
+        key = ("cells", t)
+        if key not in self.memo:
+            found: dict[Box, list[int]] = {}
+            for d, box in enumerate(self.a.stored[t]):
+                found.setdefault(box, []).append(d)
+            self.memo[key] = found
+        return self.memo[key]
+
+    def variable(self, i: int, box: Box, device: int) -> Sym:
+        key = ("var", i, box, device)
+        if key not in self.memo:
+            node = self.g.nodes[i]
+            name = self._name(node.name + self.suffix(device))
+            attrs = {k: v for k, v in node.attrs.items() if k != "__ctx_group__"}
+            attrs["__ctx_group__"] = group_name(device)
+            self.nodes.append({"op": "null", "name": name, "attrs": attrs, "inputs": []})
+            self.shards.append(VarShard(name, node.name, node.kind, device, box,
+                                        node.outputs[0].dtype))
+            self.memo[key] = (len(self.nodes) - 1, 0)
+        return self.memo[key]
+
+    def handle(self, i: int, box: Box, owner: int) -> Sym:
+        """The variable, for readers on other devices: one ``_copy`` on its own device."""
+        key = ("handle", i, box)
+        if key not in self.memo:
+            var = self.variable(i, box, owner)
+            self.memo[key] = (self.add("_copy", f"{self.g.nodes[i].name}{self.suffix(owner)}"
+                                       f"@fanout", {}, [var], owner, "fanout"), 0)
+        return self.memo[key]
+
+    # --- operators --------------------------------------------------------------------------
+    def instance(self, i: int, d: int) -> list[Sym]:
+        key = ("op", i, d)
+        if key in self.memo:
+            return self.memo[key]
+        node, share = self.g.nodes[i], self.a.ops[i].shares[d]
+        inputs = []
+        for j, (entry, box) in enumerate(zip(node.inputs, share.inputs)):
+            if box is None:
+                continue
+            src = self.g.nodes[entry.node]
+            if src.is_variable and src.kind == "aux":
+                inputs.append(self.variable(entry.node, box, d))
+            else:
+                inputs.append(self.region((entry.node, entry.index), box, d, share.pads[j]))
+        attrs = {k: v for k, v in share.attrs.items() if k != "__ctx_group__"}
+        nid = self.add(node.op, node.name + self.suffix(d), attrs, inputs, d, "operator")
+        outs = [(nid, j) for j in range(len(node.outputs))]
+        if share.scale is not None and share.scale != 1.0:
+            outs = [(self.add("_mul_scalar", f"{node.name}{self.suffix(d)}@scale",
+                              {"scalar": repr(float(share.scale))}, [o], d, "scale"), 0)
+                    if box is not None else o for o, box in zip(outs, share.outputs)]
+        self.memo[key] = outs
+        return outs
+
+    def computed(self, t: tuple[int, int], d: int):
+        """Distinct boxes computed of ``t``, each with the devices whose shares make it (the
+        contributors summed for partial outputs), preferring a group with ``d``."""
+        op = self.a.ops[t[0]]
+        groups: dict[tuple, list[int]] = {}
+        for e, share in enumerate(op.shares):
+            groups.setdefault((share.outputs[t[1]], share.key), []).append(e)
+        by_box: dict[Box, list[list[int]]] = {}
+        for (box, _), devices in groups.items():
+            by_box.setdefault(box, []).append(devices)
+        out = []
+        for box, options in by_box.items():
+            mine = [g for g in options if d in g and not op.loss]
+            out.append((box, mine[0] if mine else options[0]))
+        return out, op.shares[0].partial
+
+    def stored(self, t: tuple[int, int], d: int) -> Sym:
+        key = ("stored", t, d)
+        if key in self.memo:
+            return self.memo[key]
+        box = self.a.stored[t][d]
+        computed, partial = self.computed(t, d)
+        pieces = []
+        for c, devices in computed:
+            inter = _intersect(box, c)
+            if inter is None:
+                continue
+            if partial is None:
+                src = d if d in devices and not self.a.ops[t[0]].loss else devices[0]
+                pieces.append((inter, self.extract(self.instance(t[0], src)[t[1]], c, inter,
+                                                   src)))
+                continue
+            parts = [self.extract(self.instance(t[0], e)[t[1]], c, inter, e) for e in devices]
+            pieces.append((inter, self.combine(parts, partial, d, t)))
+        self.memo[key] = self.assemble(pieces, box, d, t)
+        return self.memo[key]
+
+    def combine(self, parts: list[Sym], how: str, d: int, t) -> Sym:
+        if len(parts) == 1:
+            return parts[0]
+        base = f"{self.g.nodes[t[0]].name}{self.suffix(d)}@{how}"
+        if how == "sum":
+            return (self.add("add_n", base, {"num_args": str(len(parts))}, parts, d,
+                             "combine"), 0)
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = (self.add("_maximum" if how == "max" else "_minimum", base, {}, [acc, p], d,
+                            "combine"), 0)
+        return acc
+
+    # --- regions ----------------------------------------------------------------------------
+    def region(self, t: tuple[int, int], box: Box, d: int, pad: float | None) -> Sym:
+        """Tensor ``t``'s values in ``box`` on device ``d`` (outside its bounds: ``pad``)."""
+        key = ("region", t, box, d, pad)
+        if key in self.memo:
+            return self.memo[key]
+        shape = self.g.nodes[t[0]].outputs[t[1]].shape
+        for a, ((lo, hi), n) in enumerate(zip(box, shape)):
+            if lo >= 0 and hi < n:
+                continue
+            if pad is None:
+                raise TofuError(f"{self.g.nodes[t[0]].name} is read at {box} beyond its shape "
+                                f"{shape} but has no pad value")
+            inner = box[:a] + ((max(lo, 0), min(hi, n - 1)),) + box[a + 1:]
+            pieces = [(inner, self.region(t, inner, d, pad))]
+            if lo < 0:
+                pieces.insert(0, (box[:a] + ((lo, -1),) + box[a + 1:], None))
+            if hi >= n:
+                pieces.append((box[:a] + ((n, hi),) + box[a + 1:], None))
+            pieces = [(b, s if s is not None else self.constant(b, pad, d, t)) for b, s in pieces]
+            self.memo[key] = self.concat([s for _, s in pieces], a, d, t)
+            return self.memo[key]
+        node = self.g.nodes[t[0]]
+        pieces = []
+        for cell, holders in self.cells(t).items():
+            inter = _intersect(box, cell)
+            if inter is None:
+                continue
+            if node.is_variable:
+                owner = holders[0]
+                if inter != cell:
+                    piece = self.extract(self.variable(t[0], cell, owner), cell, inter, owner)
+                elif owner == d:
+                    piece = self.variable(t[0], cell, owner)
+                else:
+                    piece = self.handle(t[0], cell, owner)
+            else:
+                src = d if d in holders else holders[0]
+                piece = self.extract(self.stored(t, src), cell, inter, src)
+            pieces.append((inter, piece))
+        self.memo[key] = self.assemble(pieces, box, d, t)
+        return self.memo[key]
+
+    def constant(self, box: Box, value: float, d: int, t) -> Sym:
+        dtype = self.g.nodes[t[0]].outputs[t[1]].dtype
+        if np.isinf(value):
+            value = float(np.finfo(dtype).min if value < 0 else np.finfo(dtype).max)
+        shape = tuple(hi - lo + 1 for lo, hi in box)
+        return (self.add("_full", f"{self.g.nodes[t[0]].name}{self.suffix(d)}@pad",
+                         {"shape": format_attr_value(shape), "value": repr(float(value)),
+                          "dtype": dtype}, [], d, "pad"), 0)
+
+    def extract(self, sym: Sym, src: Box, target: Box, device: int) -> Sym:
+        """``target`` out of ``sym`` (holding ``src``), cut on ``device``."""
+        for a, ((s0, s1), (t0, t1)) in enumerate(zip(src, target)):
+            if (s0, s1) == (t0, t1):
+                continue
+            n, o0, o1 = s1 - s0 + 1, t0 - s0, t1 - s0 + 1
+            width = o1 - o0
+            if n % width == 0 and o0 % width == 0:
+                key = ("cut", sym, a, n // width)
+                if key not in self.memo:
+                    self.memo[key] = self.add(
+                        "SliceChannel", f"{self.nodes[sym[0]]['name']}@split{a}",
+                        {"num_outputs": str(n // width), "axis": str(a)}, [sym], device, "split")
+                sym = (self.memo[key], o0 // width)
+            else:
+                cuts = tuple(sorted({0, o0, o1} - {n}))
+                key = ("cut", sym, a, cuts)
+                if key not in self.memo:
+                    self.memo[key] = self.add(
+                        "_split_v2", f"{self.nodes[sym[0]]['name']}@split{a}",
+                        {"indices": format_attr_value(cuts), "axis": str(a),
+                         "squeeze_axis": "False", "sections": "0"}, [sym], device, "split")
+                sym = (self.memo[key], cuts.index(o0))
+            src = src[:a] + ((t0, t1),) + src[a + 1:]
+        return sym
+
+    def concat(self, syms: list[Sym], axis: int, d: int, t) -> Sym:
+        if len(syms) == 1:
+            return syms[0]
+        key = ("concat", tuple(syms), axis, d)
+        if key not in self.memo:
+            self.memo[key] = (self.add("Concat", f"{self.g.nodes[t[0]].name}{self.suffix(d)}"
+                                       f"@concat{axis}", {"dim": str(axis),
+                                                          "num_args": str(len(syms))},
+                                       syms, d, "concat"), 0)
+        return self.memo[key]
+
+    def assemble(self, pieces: list[tuple[Box, Sym]], box: Box, d: int, t) -> Sym:
+        """Join pieces tiling ``box`` (a grid) with Concat on device ``d``."""
+        if len(pieces) == 1 and pieces[0][0] == box:
+            return pieces[0][1]
+        for a in range(len(box)):
+            spans = sorted({p[0][a] for p in pieces})
+            if len(spans) < 2:
+                continue
+            at, parts = box[a][0], []
+            for span in spans:
+                if span[0] != at:
+                    break
+                sub = box[:a] + (span,) + box[a + 1:]
+                parts.append(self.assemble([p for p in pieces if p[0][a] == span], sub, d, t))
+                at = span[1] + 1
+            if at == box[a][1] + 1 and len(parts) == len(spans):
+                return self.concat(parts, a, d, t)
+        raise TofuError(f"internal: the pieces {[p[0] for p in pieces]} of "
+                        f"{self.g.nodes[t[0]].name} do not tile {box}")
+
+    # --- the whole graph --------------------------------------------------------------------
+    def run(self) -> RewriteResult:
+        heads = []
+        for entry in self.g.heads:
+            shape = self.g.tensor(entry).shape
+            heads.append(self.region((entry.node, entry.index), tuple((0, n - 1) for n in shape),
+                                     0, None))
+        self._check_every_variable()
+        js = {"nodes": self.nodes,
+              "arg_nodes": [i for i, n in enumerate(self.nodes) if n["op"] == "null"],
+              "heads": [[n, i, 0] for n, i in heads],
+              "attrs": {"mxnet_version": ["int", 10901]}}
+        return RewriteResult(js, self.shards, dict(sorted(self.counts.items())))
+
+    def _check_every_variable(self) -> None:
+        for i, node in enumerate(self.g.nodes):
+            if not node.is_variable or node.kind == "aux":
+                continue
+            have = {s.box for s in self.shards if s.source == node.name}
+            missing = [c for c in self.cells((i, 0)) if c not in have]
+            if missing:
+                raise TofuError(f"internal: no operator reads {node.name} in {missing}; the "
+                                f"partitioned graph would lose that part of it")
+
+
+def rewrite(graph: Graph, assignment: Any) -> RewriteResult:
+    """The partitioned graph (MXNet JSON) and its variables; see the module docstring."""
+    return _Rewrite(graph, assignment).run()

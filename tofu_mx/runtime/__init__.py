@@ -1,0 +1,2 @@
+"""Running a plan: what each device computes (assign), the partitioned symbol and its
+parameters (partitioned), checkpoints in the ordinary format."""

@@ -1,0 +1,258 @@
+"""From a :class:`~tofu_mx.search.plan.Plan` to what each device runs (no MXNet graph yet).
+
+Devices are numbered in mixed radix over the plan's cuts: with cuts ``(p1, p2, ...)``,
+device ``d`` is part ``d // (k / p1)`` of the first cut, and so on. Composing the levels:
+
+- a **tensor** is stored, on device ``d``, in the box its per-level layouts narrow it to
+  (``split(a)`` halves axis ``a`` of what the previous level stored; ``replicated`` keeps it);
+- an **operator**'s loop variables are narrowed the same way by its per-level strategies
+  (``split v`` / ``reduce v``); the interval analysis then gives, exactly, what that share
+  reads and computes (:func:`tofu_mx.tdl.analysis.work_regions`), and the description's
+  ``shard`` hook says how to run it (attributes, padding). Shares differing only in the
+  parts of ``reduce`` levels compute partial outputs that are combined.
+
+A share that cannot run as the operator (no hook answer, or MXNet infers other output
+shapes than the analysis) makes the whole operator run whole on every device instead: a
+``fallback``, reported, never a wrong result.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import mxnet as mx
+
+import tofu_mx.ops  # noqa: F401  (registers the built-in descriptions)
+from nnvm_passes.ir import FrozenDict, Graph, format_attr_value
+from tofu_mx.errors import TofuError
+from tofu_mx.search.plan import Plan
+from tofu_mx.tdl.analysis import pad_values, work_regions
+from tofu_mx.tdl.lang import TDLError
+from tofu_mx.tdl.registry import (Attrs, Description, Opaque, Shard, ShardContext, lookup,
+                                  single_op_symbol, trace)
+
+Box = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Share:
+    """One device's share of one operator."""
+
+    attrs: FrozenDict                    # the operator's attributes for this share (raw)
+    inputs: tuple[Box | None, ...]       # box read of each input (beyond bounds: padding)
+    pads: tuple[float | None, ...]       # the value read beyond each input's bounds
+    outputs: tuple[Box | None, ...]      # box computed of each output (None: not tracked)
+    partial: str | None                  # sum | max | min: outputs are partial
+    key: tuple[int, ...]                 # shares with one key and partial outputs combine
+    scale: float | None = None           # multiply the outputs by this
+
+
+@dataclass(frozen=True)
+class OpAssignment:
+    shares: tuple[Share, ...]            # one per device
+    fallback: str | None = None          # why the operator runs whole on every device
+    loss: bool = False                   # its gradient ignores the head's: one share per box
+
+
+@dataclass(frozen=True)
+class Assignment:
+    num_devices: int
+    ops: dict[int, OpAssignment]
+    stored: dict[tuple[int, int], tuple[Box, ...]]   # tensor -> box stored on each device
+
+    @property
+    def fallbacks(self) -> dict[int, str]:
+        return {i: a.fallback for i, a in self.ops.items() if a.fallback}
+
+
+def device_parts(num_devices: int, factors: Sequence[int]) -> list[tuple[int, ...]]:
+    """The part each device is in at each level (mixed radix, first cut most significant)."""
+    out = []
+    for d in range(num_devices):
+        parts, rest, width = [], d, num_devices
+        for p in factors:
+            width //= p
+            parts.append(rest // width)
+            rest %= width
+        out.append(tuple(parts))
+    return out
+
+
+def narrow(box: Box, axis: int, parts: int, part: int) -> Box:
+    lo, hi = box[axis]
+    size = (hi - lo + 1) // parts
+    return box[:axis] + ((lo + part * size, lo + (part + 1) * size - 1),) + box[axis + 1:]
+
+
+def whole(shape: Sequence[int]) -> Box:
+    return tuple((0, n - 1) for n in shape)
+
+
+def stored_box(shape: Sequence[int], layouts: Sequence[str], factors: Sequence[int],
+               parts: Sequence[int]) -> Box:
+    box = whole(shape)
+    for layout, p, part in zip(layouts, factors, parts):
+        if layout.startswith("split("):
+            box = narrow(box, int(layout[6:-1]), p, part)
+    return box
+
+
+def size_of(box: Box) -> tuple[int, ...]:
+    return tuple(hi - lo + 1 for lo, hi in box)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _inferred_shapes(op: str, attrs: FrozenDict, shapes: tuple, n_outputs: int) -> tuple | None:
+    """The shapes MXNet infers for the first ``n_outputs`` outputs of one ``op`` node."""
+    try:
+        sym = single_op_symbol(op, dict(attrs), len(shapes), n_outputs)
+        known = {f"in{i}": s for i, s in enumerate(shapes)}
+        args = {n: known[n] for n in sym.list_arguments() if n in known}
+        _, found, _ = sym.infer_shape(**args)
+    except (TDLError, mx.base.MXNetError):
+        return None
+    return tuple(tuple(s) for s in found) if found else None
+
+
+def assign(graph: Graph, plan: Plan) -> Assignment:
+    """Every operator's share on every device, and every tensor's stored box."""
+    k = plan.num_devices
+    parts = device_parts(k, plan.factors)
+    by_name = {t.name: t for t in plan.tensors}
+    stored = {}
+    for i, node in enumerate(graph.nodes):
+        names = [node.name] if node.is_variable else \
+            [f"{node.name}:{j}" for j in range(len(node.outputs))]
+        for j, name in enumerate(names):
+            t = by_name[name]
+            stored[(i, j)] = tuple(stored_box(t.shape, t.layouts, plan.factors, p) for p in parts)
+    strategies = {o.name: o.strategies for o in plan.ops}
+    consumers = graph.consumers()
+    ops = {}
+    for i, node in enumerate(graph.nodes):
+        if node.is_variable:
+            continue
+        read = {e.index for c, _ in consumers.get(i, []) for e in graph.nodes[c].inputs
+                if e.node == i}
+        try:
+            ops[i] = _assign_op(graph, i, strategies[node.name], plan.factors, parts, read)
+        except TofuError:
+            raise
+        except Exception as e:  # noqa: BLE001  (re-raised with the node named)
+            raise TofuError(f"assigning {node.name!r} ({node.op}) to devices failed: "
+                            f"{type(e).__name__}: {e}") from e
+    return Assignment(k, ops, stored)
+
+
+def _parse(strategy: str) -> tuple[str, str]:
+    verb, _, var = strategy.partition(" ")
+    return verb, var
+
+
+def _whole_op(graph: Graph, i: int, k: int, reason: str | None, loss: bool) -> OpAssignment:
+    node = graph.nodes[i]
+    ins = tuple(whole(graph.tensor(e).shape) for e in node.inputs)
+    outs = tuple(whole(t.shape) for t in node.outputs)
+    share = Share(node.attrs, ins, (None,) * len(ins), outs, None, ())
+    return OpAssignment(tuple(share for _ in range(k)), reason, loss)
+
+
+def _assign_op(graph: Graph, i: int, strategies: Sequence[str], factors: Sequence[int],
+               parts: list[tuple[int, ...]], read: set[int]) -> OpAssignment:
+    node = graph.nodes[i]
+    k = len(parts)
+    in_shapes = [graph.tensor(e).shape for e in node.inputs]
+    out_shapes = [t.shape for t in node.outputs]
+    entry = lookup(node.op, node.params)
+    loss = isinstance(entry, Description) and entry.family == "loss"
+    levels = [_parse(s) for s in strategies]
+    if all(verb == "replicate" for verb, _ in levels):
+        return _whole_op(graph, i, k, None, loss)
+    if isinstance(entry, Opaque):
+        return OpAssignment(tuple(_opaque_share(node, entry, in_shapes, out_shapes, levels,
+                                                factors, p) for p in parts), None, loss)
+    traced = trace(entry, Attrs(node.attrs), in_shapes, out_shapes)
+    if max(read, default=0) >= len(traced.outputs):
+        return _whole_op(graph, i, k, f"output {max(read)} is read but not described", loss)
+    pads = pad_values(traced)
+    shares = []
+    for p in parts:
+        share = _described_share(node, entry, traced, pads, levels, factors, p)
+        if isinstance(share, str):
+            return _whole_op(graph, i, k, share, loss)
+        shares.append(share)
+    return OpAssignment(tuple(shares), None, loss)
+
+
+def _described_share(node, entry: Description, traced, pads, levels, factors,
+                     part: tuple[int, ...]) -> Share | str:
+    ranges = {v: (0, n - 1) for v, n in traced.extents.items()}
+    reduced, not_first, key = [], [], []
+    for (verb, var), p, q in zip(levels, factors, part):
+        if verb == "replicate":
+            key.append(q)
+            continue
+        lo, hi = ranges[var]
+        if (hi - lo + 1) % p:
+            raise TofuError(f"{p} does not divide the range {lo}..{hi} of {var!r}")
+        size = (hi - lo + 1) // p
+        ranges[var] = (lo + q * size, lo + (q + 1) * size - 1)
+        if verb == "reduce":
+            reduced.append(var)
+            if q:
+                not_first.append(var)
+        else:
+            key.append(q)
+    work = work_regions(traced, ranges, reduced, not_first)
+    in_shapes = tuple(r.shape for r in traced.inputs)
+    ctx = ShardContext(work.inputs, work.windows, work.outputs, in_shapes,
+                       tuple(o.shape for o in traced.outputs), work.partial)
+    shard = entry.shard(Attrs(node.attrs), ctx) if entry.shard else Shard()
+    if shard is None:
+        return f"its description's shard hook cannot run the share {work.outputs}"
+    boxes = []
+    for j, (box, window) in enumerate(zip(work.inputs, work.windows)):
+        if box is not None and j in shard.padded:
+            box = tuple(window[a] if a in shard.padded[j] else box[a] for a in range(len(box)))
+        boxes.append(box)
+    attrs = dict(node.attrs)
+    attrs.update({name: format_attr_value(v) for name, v in shard.attrs.items()})
+    attrs = FrozenDict(attrs)
+    shapes = tuple(size_of(b) for b in boxes if b is not None)
+    want = tuple(size_of(b) for b in work.outputs)
+    got = _inferred_shapes(node.op, attrs, shapes, len(want))
+    if got is None or got[:len(want)] != want:
+        return (f"MXNet computes {got and got[:len(want)]} from inputs {shapes} with "
+                f"{dict(shard.attrs)}, the share needs {want}")
+    outputs = tuple(work.outputs) + (None,) * (len(node.outputs) - len(work.outputs))
+    return Share(attrs, tuple(boxes), pads, outputs, work.partial, tuple(key), shard.scale)
+
+
+def _opaque_share(node, entry: Opaque, in_shapes, out_shapes, levels, factors, part) -> Share:
+    n = None
+    for shape, axis in list(zip(in_shapes, entry.batch_axes)) + \
+            list(zip(out_shapes, entry.output_batch_axes)):
+        if axis is not None:
+            n = shape[axis]
+    lo, hi, key = 0, n - 1, []
+    for (verb, _), p, q in zip(levels, factors, part):
+        key.append(q)
+        if verb != "replicate":
+            size = (hi - lo + 1) // p
+            lo, hi = lo + q * size, lo + (q + 1) * size - 1
+
+    def box(shape, axis):
+        b = whole(shape)
+        return b if axis is None else b[:axis] + ((lo, hi),) + b[axis + 1:]
+    in_axes = list(entry.batch_axes) + [None] * (len(in_shapes) - len(entry.batch_axes))
+    out_axes = list(entry.output_batch_axes) + [None] * (len(out_shapes) -
+                                                         len(entry.output_batch_axes))
+    return Share(node.attrs, tuple(box(s, a) for s, a in zip(in_shapes, in_axes)),
+                 (None,) * len(in_shapes), tuple(box(s, a) for s, a in zip(out_shapes, out_axes)),
+                 None, tuple(key))
+
+
+def total_elements(box: Box) -> int:
+    return math.prod(size_of(box))

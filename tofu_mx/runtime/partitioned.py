@@ -1,0 +1,332 @@
+"""``partition()``: import -> annotate -> coarsen -> search -> rewrite -> check, and the
+:class:`PartitionedSymbol` it returns (binding, parameters, checkpoints, memory)."""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import mxnet as mx
+import numpy as np
+
+from nnvm_passes.importer import check_symbol, import_symbol
+from nnvm_passes.ir import Graph
+from nnvm_passes.rewrite import RewriteResult, VarShard, rewrite
+from tofu_mx.devices import check_contexts, group_name, warn_if_mkldnn_across_cpus
+from tofu_mx.errors import (CheckpointError, InvalidArgumentError, TofuError,
+                            UnsupportedOperatorError)
+from tofu_mx.runtime.assign import Assignment, assign
+from tofu_mx.search.cut import needs_grad_of
+from tofu_mx.search.plan import Plan, SearchOptions, plan_graph
+from tofu_mx.summary import format_bytes
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Bytes one device holds for a training step of the partitioned graph."""
+
+    device: str
+    weights: int
+    gradients: int
+    aux: int
+    inputs: int
+    activations: int     # operator outputs that carry a gradient (kept for the backward pass)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.aux + self.inputs + self.activations
+
+
+class PartitionedSymbol:
+    """A symbol partitioned over ``contexts``: bind it, move parameters in and out of it.
+
+    ``symbol`` is an ordinary MXNet Symbol whose nodes carry ctx groups ``dev<i>``;
+    ``group2ctx`` maps them to the devices. Variables are shards named ``<name>@dev<i>``
+    (see :attr:`shards`); :meth:`split_params` / :meth:`merge_params` convert between the
+    original, whole arrays and the shards, and :meth:`save_params` / :meth:`load_params`
+    write and read ordinary ``.params`` files with the original names.
+    """
+
+    def __init__(self, reference: mx.sym.Symbol, graph: Graph, plan: Plan,
+                 assignment: Assignment, result: RewriteResult, contexts: list[mx.Context]):
+        self.reference = reference
+        self.graph, self.plan, self.assignment = graph, plan, assignment
+        self.contexts = list(contexts)
+        self.symbol = mx.sym.load_json(json.dumps(result.json))
+        self.group2ctx = {group_name(i): c for i, c in enumerate(self.contexts)}
+        self.shards: tuple[VarShard, ...] = tuple(result.shards)
+        self.node_counts = result.counts
+        self.executor: mx.executor.Executor | None = None
+        self._pending: tuple[dict, dict] | None = None
+
+    # --- shapes and binding -----------------------------------------------------------------
+    @property
+    def shard_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {s.name: s.shape for s in self.shards}
+
+    def _arg_shards(self) -> list[VarShard]:
+        return [s for s in self.shards if s.kind != "aux"]
+
+    def simple_bind(self, grad_req: Any = "write", **kwargs) -> mx.executor.Executor:
+        """Bind across the devices (``mx.sym.Symbol.simple_bind`` with the shards' shapes and
+        dtypes and ``group2ctx`` filled in). ``grad_req`` may name original variables; each
+        shard gets its variable's request. Parameters loaded before binding are copied in."""
+        if isinstance(grad_req, Mapping):
+            grad_req = {s.name: grad_req.get(s.name, grad_req.get(s.source, "null"))
+                        for s in self._arg_shards()}
+        shapes = {s.name: s.shape for s in self._arg_shards()}
+        shapes.update(kwargs.pop("shapes", {}))
+        types = {s.name: s.dtype for s in self._arg_shards()}
+        warn_if_mkldnn_across_cpus(self.contexts)
+        exe = self.symbol.simple_bind(ctx=self.contexts[0], grad_req=grad_req,
+                                      type_dict=types, group2ctx=self.group2ctx,
+                                      **shapes, **kwargs)
+        self.executor = exe
+        if self._pending is not None:
+            self._write(exe, *self._pending)
+            self._pending = None
+        return exe
+
+    # --- arrays: whole <-> shards -----------------------------------------------------------
+    def split_arrays(self, arrays: Mapping[str, Any], kinds: Sequence[str] | None = None
+                     ) -> dict[str, np.ndarray]:
+        """Whole arrays (by original name) -> shard arrays (NumPy, by shard name)."""
+        out = {}
+        for s in self.shards:
+            if (kinds is None or s.kind in kinds) and s.source in arrays:
+                whole = _numpy(arrays[s.source])
+                out[s.name] = np.ascontiguousarray(whole[_slices(s.box)])
+        return out
+
+    def merge_arrays(self, shards: Mapping[str, Any], kinds: Sequence[str] | None = None
+                     ) -> dict[str, np.ndarray]:
+        """Shard arrays (by shard name) -> whole arrays (NumPy, by original name)."""
+        out: dict[str, np.ndarray] = {}
+        for s in self.shards:
+            if (kinds is not None and s.kind not in kinds) or s.name not in shards:
+                continue
+            if s.source not in out:
+                shape = self.graph.node(s.source).outputs[0].shape
+                out[s.source] = np.zeros(shape, dtype=s.dtype)
+            out[s.source][_slices(s.box)] = _numpy(shards[s.name])
+        return out
+
+    def split_params(self, arg_params: Mapping[str, Any], aux_params: Mapping[str, Any] | None = None
+                     ) -> tuple[dict[str, mx.nd.NDArray], dict[str, mx.nd.NDArray]]:
+        """Whole parameters (original names) -> shards, each on its device."""
+        arg_params, aux_params = dict(arg_params), dict(aux_params or {})
+        self._check_params(arg_params, aux_params, "split_params")
+        args = self.split_arrays(arg_params, ("param",))
+        aux = self.split_arrays(aux_params, ("aux",))
+        by_name = {s.name: s for s in self.shards}
+        return ({n: mx.nd.array(a, ctx=self.contexts[by_name[n].device], dtype=a.dtype)
+                 for n, a in args.items()},
+                {n: mx.nd.array(a, ctx=self.contexts[by_name[n].device], dtype=a.dtype)
+                 for n, a in aux.items()})
+
+    def merge_params(self, arg_shards: Mapping[str, Any], aux_shards: Mapping[str, Any] | None = None
+                     ) -> tuple[dict[str, mx.nd.NDArray], dict[str, mx.nd.NDArray]]:
+        """Shards -> whole parameters with the original names (on ``mx.cpu()``)."""
+        args = self.merge_arrays(arg_shards, ("param",))
+        aux = self.merge_arrays(aux_shards or {}, ("aux",))
+        return ({n: mx.nd.array(a, dtype=a.dtype) for n, a in args.items()},
+                {n: mx.nd.array(a, dtype=a.dtype) for n, a in aux.items()})
+
+    def param_names(self) -> tuple[list[str], list[str]]:
+        """The original parameter and auxiliary-state names a checkpoint holds."""
+        return ([n.name for n in self.graph.variables("param")],
+                [n.name for n in self.graph.variables("aux")])
+
+    def _check_params(self, arg_params: Mapping, aux_params: Mapping, what: str) -> None:
+        names_args, names_aux = self.param_names()
+        problems = []
+        for kind, given, names in (("arg", arg_params, names_args), ("aux", aux_params, names_aux)):
+            missing = [n for n in names if n not in given]
+            extra = [n for n in given if n not in names]
+            if missing:
+                problems.append(f"missing {kind} {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+            if extra:
+                problems.append(f"extra {kind} {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+            for n in names:
+                if n in given:
+                    want = self.graph.node(n).outputs[0].shape
+                    got = tuple(_numpy(given[n]).shape)
+                    if got != want:
+                        problems.append(f"{kind} {n} has shape {got}, the symbol needs {want}")
+        if problems:
+            raise CheckpointError(f"{what}: the parameters do not match the symbol: "
+                                  f"{'; '.join(problems)}. Give exactly the symbol's "
+                                  f"parameters and auxiliary states, whole, by original name.")
+
+    def _write(self, exe, args: Mapping[str, Any], aux: Mapping[str, Any]) -> None:
+        for name, value in self.split_arrays(args, ("param",)).items():
+            exe.arg_dict[name][:] = value
+        for name, value in self.split_arrays(aux, ("aux",)).items():
+            exe.aux_dict[name][:] = value
+
+    def set_params(self, arg_params: Mapping[str, Any], aux_params: Mapping[str, Any] | None = None
+                   ) -> None:
+        """Whole parameters into the bound executor's shards (or kept until it is bound)."""
+        aux_params = dict(aux_params or {})
+        self._check_params(arg_params, aux_params, "set_params")
+        if self.executor is None:
+            self._pending = ({k: _numpy(v).copy() for k, v in arg_params.items()},
+                             {k: _numpy(v).copy() for k, v in aux_params.items()})
+        else:
+            self._write(self.executor, arg_params, aux_params)
+
+    def get_params(self) -> tuple[dict[str, mx.nd.NDArray], dict[str, mx.nd.NDArray]]:
+        """The bound executor's parameters, whole, with their original names."""
+        if self.executor is None:
+            if self._pending is None:
+                raise TofuError("no parameters yet: call simple_bind() or load_params() first")
+            return ({k: mx.nd.array(v, dtype=v.dtype) for k, v in self._pending[0].items()},
+                    {k: mx.nd.array(v, dtype=v.dtype) for k, v in self._pending[1].items()})
+        return self.merge_params(self.executor.arg_dict, self.executor.aux_dict)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def save_params(self, path: str) -> None:
+        """Write the parameters as an ordinary MXNet ``.params`` file (``arg:<name>`` and
+        ``aux:<name>`` keys, whole arrays): the unpartitioned symbol loads it as it is."""
+        args, aux = self.get_params()
+        blob = {f"arg:{k}": v for k, v in args.items()}
+        blob.update({f"aux:{k}": v for k, v in aux.items()})
+        mx.nd.save(path, blob)
+
+    def load_params(self, path: str) -> None:
+        """Read an ordinary ``.params`` file (saved at any device count, or by Module/Gluon
+        export) into the shards. Nothing changes if the file does not match the symbol."""
+        try:
+            blob = mx.nd.load(path)
+        except mx.base.MXNetError as e:
+            raise CheckpointError(f"cannot read {path!r} as an MXNet .params file: "
+                                  f"{str(e).splitlines()[0]}") from e
+        if not isinstance(blob, dict):
+            raise CheckpointError(f"{path!r} holds an unnamed list of arrays; a .params file "
+                                  f"names each array arg:<name> or aux:<name>")
+        args, aux = {}, {}
+        for key, value in blob.items():
+            kind, _, name = key.partition(":")
+            if kind == "arg":
+                args[name] = value
+            elif kind == "aux":
+                aux[name] = value
+            else:
+                args[key] = value    # a plain name: reported as extra unless it is a param
+        self.set_params(args, aux)
+
+    # --- reports ----------------------------------------------------------------------------
+    def memory_per_device(self) -> list[DeviceMemory]:
+        """Bytes each device holds: parameter shards, their gradients, aux states, input
+        shards, and the activations the backward pass keeps (outputs that carry a gradient)."""
+        graph = import_symbol(self.symbol, dtypes={s.name: s.dtype for s in self.shards},
+                              **self.shard_shapes)
+        grads = needs_grad_of(graph)
+        index = {g: i for i, g in enumerate(self.group2ctx)}
+        rows = [dict(weights=0, gradients=0, aux=0, inputs=0, activations=0)
+                for _ in self.contexts]
+        for i, node in enumerate(graph.nodes):
+            d = index[node.ctx_group]
+            if node.is_variable:
+                nbytes = node.outputs[0].nbytes
+                key = {"param": "weights", "aux": "aux"}.get(node.kind, "inputs")
+                rows[d][key] += nbytes
+                if node.kind == "param":
+                    rows[d]["gradients"] += nbytes
+                continue
+            for j, t in enumerate(node.outputs):
+                if grads[(i, j)]:
+                    rows[d]["activations"] += t.nbytes
+        return [DeviceMemory(str(c), **r) for c, r in zip(self.contexts, rows)]
+
+    @property
+    def fallbacks(self) -> dict[str, str]:
+        """Operators run whole on every device instead of as planned, and why."""
+        return {self.graph.nodes[i].name: why for i, why in self.assignment.fallbacks.items()}
+
+    def report(self, max_rows: int = 20) -> str:
+        lines = [self.plan.report(max_rows)]
+        counts = ", ".join(f"{n} {role}" for role, n in self.node_counts.items())
+        lines.append(f"rewrite: {counts}; {len(self.shards)} variables")
+        for name, why in list(self.fallbacks.items())[:10]:
+            lines.append(f"  run whole (fallback): {name}: {why}")
+        lines.append("memory per device:")
+        for m in self.memory_per_device():
+            lines.append(f"  {m.device:<8} weights {format_bytes(m.weights)}, gradients "
+                         f"{format_bytes(m.gradients)}, aux {format_bytes(m.aux)}, inputs "
+                         f"{format_bytes(m.inputs)}, activations {format_bytes(m.activations)}:"
+                         f" {format_bytes(m.total)}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"PartitionedSymbol({len(self.contexts)} devices, "
+                f"{len(self.plan.ops)} operators, {len(self.shards)} variables)")
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value.asnumpy() if isinstance(value, mx.nd.NDArray) else np.asarray(value)
+
+
+def _slices(box) -> tuple[slice, ...]:
+    return tuple(slice(lo, hi + 1) for lo, hi in box)
+
+
+def _check_operators(graph: Graph, plan: Plan, k: int) -> None:
+    if k == 1:
+        return
+    stuck = [o for o in plan.opaque if o.endswith(": no description")]
+    if stuck:
+        raise UnsupportedOperatorError(
+            f"{len(stuck)} operator(s) have no TDL description and no batch axis, so they "
+            f"cannot be partitioned: {', '.join(stuck[:5])}. Describe them with "
+            f"@tofu_mx.tdl.op(...) or register tofu_mx.tdl.opaque(name, reason, batch_axes=...)")
+    if not any(layout.startswith("split") for t in plan.tensors for layout in t.layouts):
+        shapes = sorted({t.shape for t in plan.tensors if t.kind in ("data", "param")},
+                        key=lambda s: -int(np.prod(s)))[:4]
+        raise InvalidArgumentError(
+            f"nothing can be split over {k} devices: no axis of any tensor is divisible by "
+            f"{', '.join(map(str, plan.factors))} (largest inputs {shapes}). Use a batch size "
+            f"or layer widths divisible by the device count, or another device count.")
+
+
+def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
+              memory_budget=None, options: SearchOptions | None = None,
+              dtypes: Mapping[str, Any] | None = None, **shapes) -> PartitionedSymbol:
+    """Partition ``symbol`` over the devices ``ctx`` (any number, ``mx.cpu(i)`` or
+    ``mx.gpu(i)``), for the input ``shapes`` given by name (``data=(32, 3, 224, 224)``).
+
+    Runs import -> TDL analysis -> coarsening -> search (:func:`tofu_mx.plan`) -> assignment
+    -> rewrite -> check. ``memory_budget``: bytes per device (or a list), see
+    :func:`tofu_mx.plan`. The caller's symbol is not modified.
+    """
+    symbol = check_symbol(symbol, "symbol")
+    contexts = check_contexts(ctx)
+    graph = import_symbol(symbol, dtypes=dtypes, **shapes)
+    plan = plan_graph(graph, len(contexts), memory_budget=memory_budget,
+                      options=options or SearchOptions())
+    _check_operators(graph, plan, len(contexts))
+    assignment = assign(graph, plan)
+    result = rewrite(graph, assignment)
+    ptd = PartitionedSymbol(symbol, graph, plan, assignment, result, contexts)
+    _check_rewrite(ptd)
+    if ptd.fallbacks:
+        names = list(ptd.fallbacks)
+        warnings.warn(f"{len(names)} operator(s) run whole on every device instead of as "
+                      f"planned (see PartitionedSymbol.fallbacks): {', '.join(names[:5])}",
+                      RuntimeWarning, stacklevel=2)
+    return ptd
+
+
+def _check_rewrite(ptd: PartitionedSymbol) -> None:
+    """The rewritten graph infers the original's output shapes from the shards' shapes."""
+    graph = import_symbol(ptd.symbol, dtypes={s.name: s.dtype for s in ptd.shards},
+                          **ptd.shard_shapes)
+    got = [t.shape for t in graph.output_infos]
+    want = [t.shape for t in ptd.graph.output_infos]
+    if got != want:
+        raise TofuError(f"internal: the partitioned graph's outputs have shapes {got}, the "
+                        f"original's {want}")
+    placed = [n.name for n in graph.nodes if n.ctx_group not in ptd.group2ctx]
+    if placed:
+        raise TofuError(f"internal: nodes without a device group: {placed[:5]}")
