@@ -37,7 +37,6 @@ _unary("abs", absolute)
 _unary("square", lambda x: x * x)
 _unary("_copy", lambda x: x)
 _unary("BlockGrad", lambda x: x)
-_unary("MakeLoss", lambda x: x, examples=[({}, _X), ({"grad_scale": 2.0}, _X)])
 _unary("Cast", lambda x: x, examples=[({"dtype": "float32"}, _X), ({"dtype": "float64"}, _X)])
 # Training-mode Dropout multiplies by a random mask: still one element in, one out, so it
 # splits like any elementwise op. The check runs it in inference mode (the identity).

@@ -49,3 +49,10 @@ def _regression(name, f):
 _regression("LinearRegressionOutput", lambda x: x)
 _regression("MAERegressionOutput", lambda x: x)
 _regression("LogisticRegressionOutput", sigmoid)
+
+
+# MakeLoss: its forward is the identity; its gradient (grad_scale, normalised like
+# SoftmaxOutput's) ignores the head's, which is why it lives with the losses.
+op("MakeLoss", shard=_softmax_output_shard,
+   examples=[({}, [(2, 3)]), ({"grad_scale": 2.0}, [(2, 3)])])(
+    lambda attrs, data: lam(data.ndim, lambda *i: data[i]))

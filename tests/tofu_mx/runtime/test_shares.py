@@ -1,0 +1,95 @@
+"""Each way a share can differ from the whole operator, forced and proven by running: conv
+and pooling split on a spatial axis (halos, one-sided padding made explicit), partial sums
+(FullyConnected/conv over their inputs, a mean's rescaling, global pooling), Concat split
+along its own axis, slices and reshapes, a loss head computed once."""
+import mxnet as mx
+import pytest
+
+from tests.tofu_mx.runtime.helpers import partition_and_verify
+
+X = mx.sym.var("data")
+
+
+def conv_net(**conv):
+    y = mx.sym.Convolution(X, name="conv", num_filter=4, **conv)
+    return mx.sym.sum(y * y)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("conv,rows", [(dict(kernel=(3, 3), pad=(1, 1)), 12),
+                                       (dict(kernel=(3, 3), pad=(1, 1), stride=(2, 2)), 24),
+                                       (dict(kernel=(5, 5), pad=(2, 2)), 12),
+                                       (dict(kernel=(3, 3), dilate=(2, 2), pad=(2, 2)), 12),
+                                       (dict(kernel=(3, 3)), 14)])
+def test_conv_split_on_rows(conv, rows, k):
+    """Output rows 12: every k here divides them, so the forced split exists."""
+    ptd, report = partition_and_verify(mx.sym.MakeLoss(conv_net(**conv)), k,
+                                       choose={"conv": "split x0"}, data=(2, 3, rows, 5))
+    assert report.ok
+    assert ptd.plan.ops[0].strategies[0] == "split x0" and not ptd.fallbacks
+
+
+@pytest.mark.parametrize("pool", [dict(kernel=(3, 3), stride=(2, 2), pad=(1, 1), pool_type="max"),
+                                  dict(kernel=(3, 3), stride=(1, 1), pad=(1, 1), pool_type="avg"),
+                                  dict(kernel=(2, 2), stride=(2, 2), pool_type="max"),
+                                  dict(kernel=(3, 3), stride=(1, 1), pad=(1, 1), pool_type="avg",
+                                       count_include_pad=False)])
+def test_pooling_split_on_rows(pool):
+    y = mx.sym.Pooling(X - 3.0, name="pool", **pool)
+    ptd, report = partition_and_verify(mx.sym.MakeLoss(mx.sym.sum(y * y)), 2,
+                                       choose={"pool": "split x0"}, data=(2, 3, 8, 8))
+    assert report.ok
+
+
+@pytest.mark.parametrize("op,strategy", [("fc", "reduce i"), ("conv", "reduce ci")])
+def test_partial_sums(op, strategy):
+    if op == "fc":
+        y = mx.sym.FullyConnected(X, num_hidden=6, name="fc", flatten=False)
+        shape = (4, 8)
+    else:
+        y = mx.sym.Convolution(X, num_filter=4, kernel=(3, 3), pad=(1, 1), name="conv")
+        shape = (2, 4, 6, 6)
+    for k in (2, 4):
+        ptd, report = partition_and_verify(mx.sym.MakeLoss(mx.sym.sum(y * y)), k,
+                                           choose={op: strategy}, data=shape)
+        assert report.ok and ptd.plan.ops[0].strategies[0] == strategy
+        assert ptd.node_counts.get("combine", 0) > 0
+
+
+def test_mean_partials_are_rescaled():
+    y = mx.sym.mean(X, axis=1, name="m")
+    ptd, report = partition_and_verify(mx.sym.MakeLoss(mx.sym.sum(y * y)), 2,
+                                       choose={"m": "reduce r0"}, data=(4, 8))
+    assert report.ok and ptd.node_counts.get("scale", 0) == 2
+
+
+def test_global_average_pool_partials():
+    y = mx.sym.Pooling(X, global_pool=True, pool_type="avg", kernel=(1, 1), name="gap")
+    ptd, report = partition_and_verify(mx.sym.MakeLoss(mx.sym.sum(y * y)), 2,
+                                       choose={"gap": "reduce d0"}, data=(2, 3, 4, 4))
+    assert report.ok
+
+
+def test_concat_split_on_its_axis():
+    a, b = mx.sym.var("a"), mx.sym.var("b")
+    y = mx.sym.Concat(a * 2.0, b * 3.0, dim=1, name="cat")
+    ptd, report = partition_and_verify(mx.sym.MakeLoss(mx.sym.sum(y * y)), 2,
+                                       choose={"cat": "split i1"}, a=(2, 6), b=(2, 2))
+    assert report.ok
+
+
+def test_slices_and_reshapes():
+    y = mx.sym.slice_axis(X, axis=1, begin=1, end=7, name="sl")
+    y = mx.sym.Reshape(y, shape=(-1, 2, 3), name="rs")
+    y = mx.sym.slice(y, begin=(None, 0, 1), end=(None, 2, 3), name="s2")
+    for k in (2, 4):
+        ptd, report = partition_and_verify(mx.sym.MakeLoss(mx.sym.sum(y * y)), k,
+                                           choose={"sl": "split i1"}, data=(8, 9))
+        assert report.ok
+
+
+def test_softmax_output_with_batch_normalization():
+    y = mx.sym.FullyConnected(X, num_hidden=5, name="fc")
+    y = mx.sym.SoftmaxOutput(y, name="softmax", normalization="batch")
+    ptd, report = partition_and_verify(y, 2, dtypes={}, data=(6, 4), softmax_label=(6,))
+    assert report.ok
