@@ -7,9 +7,10 @@ rewrite never decides anything; it emits, lazily from the graph's outputs backwa
 - each operator's share on device ``d`` as one node ``<name>@dev<d>`` in group ``dev<d>``,
   with the share's attributes;
 - each variable as one variable per distinct stored box, ``<name>@dev<d>`` on the first
-  device storing that box; a device needing it elsewhere reads it through one ``_copy`` on
-  the owner (MXNet cannot bind a variable with a gradient read on two devices); auxiliary
-  states (mutated in place) get one variable per device that updates them;
+  device storing that box; auxiliary states (mutated in place) get one variable per device
+  that updates them;
+- a tensor read on another device goes through one ``_copy`` per reading device, placed with
+  the tensor (see :meth:`_Rewrite.send`);
 - conversions: a region of a tensor on a device is cut out of the stored boxes it overlaps
   with ``SliceChannel`` (equal pieces) or ``_split_v2`` (any cut points) on the device
   holding them, and joined with ``Concat`` on the device needing it; padding is a ``_full``
@@ -70,6 +71,7 @@ class _Rewrite:
         self.g, self.a = graph, assignment
         self.k = assignment.num_devices
         self.nodes: list[dict] = []
+        self.device: list[int] = []      # the device of each node emitted
         self.names: set[str] = set()
         self.shards: list[VarShard] = []
         self.counts: dict[str, int] = {}
@@ -90,6 +92,7 @@ class _Rewrite:
                     for k, v in attrs.items()}, "__ctx_group__": group_name(device)}
         self.nodes.append({"op": op, "name": self._name(base), "attrs": attrs,
                            "inputs": [[n, i, 0] for n, i in inputs]})
+        self.device.append(device)
         self.counts[role] = self.counts.get(role, 0) + 1
         return len(self.nodes) - 1
 
@@ -115,18 +118,25 @@ class _Rewrite:
             attrs = {k: v for k, v in node.attrs.items() if k != "__ctx_group__"}
             attrs["__ctx_group__"] = group_name(device)
             self.nodes.append({"op": "null", "name": name, "attrs": attrs, "inputs": []})
+            self.device.append(device)
             self.shards.append(VarShard(name, node.name, node.kind, device, box,
                                         node.outputs[0].dtype))
             self.memo[key] = (len(self.nodes) - 1, 0)
         return self.memo[key]
 
-    def handle(self, i: int, box: Box, owner: int) -> Sym:
-        """The variable, for readers on other devices: one ``_copy`` on its own device."""
-        key = ("handle", i, box)
+    def send(self, sym: Sym, d: int) -> Sym:
+        """``sym`` for readers on device ``d``: one ``_copy`` per reading device, on the
+        device that holds it. Then every tensor's readers sit on its own device, and so does
+        the sum of their gradients: MXNet places a gradient sum on one reader's device, and a
+        variable whose gradient is summed elsewhere cannot bind (nor can one read on two
+        devices)."""
+        src = self.device[sym[0]]
+        if src == d:
+            return sym
+        key = ("send", sym, d)
         if key not in self.memo:
-            var = self.variable(i, box, owner)
-            self.memo[key] = (self.add("_copy", f"{self.g.nodes[i].name}{self.suffix(owner)}"
-                                       f"@fanout", {}, [var], owner, "fanout"), 0)
+            self.memo[key] = (self.add("_copy", f"{self.nodes[sym[0]]['name']}@to{d}", {}, [sym],
+                                       src, "send"), 0)
         return self.memo[key]
 
     # --- operators --------------------------------------------------------------------------
@@ -183,10 +193,11 @@ class _Rewrite:
                 continue
             if partial is None:
                 src = d if d in devices and not self.a.ops[t[0]].loss else devices[0]
-                pieces.append((inter, self.extract(self.instance(t[0], src)[t[1]], c, inter,
-                                                   src)))
+                pieces.append((inter, self.send(self.extract(self.instance(t[0], src)[t[1]], c,
+                                                             inter, src), d)))
                 continue
-            parts = [self.extract(self.instance(t[0], e)[t[1]], c, inter, e) for e in devices]
+            parts = [self.send(self.extract(self.instance(t[0], e)[t[1]], c, inter, e), d)
+                     for e in devices]
             pieces.append((inter, self.combine(parts, partial, d, t)))
         self.memo[key] = self.assemble(pieces, box, d, t)
         return self.memo[key]
@@ -233,17 +244,12 @@ class _Rewrite:
             if inter is None:
                 continue
             if node.is_variable:
-                owner = holders[0]
-                if inter != cell:
-                    piece = self.extract(self.variable(t[0], cell, owner), cell, inter, owner)
-                elif owner == d:
-                    piece = self.variable(t[0], cell, owner)
-                else:
-                    piece = self.handle(t[0], cell, owner)
+                src = holders[0]
+                piece = self.extract(self.variable(t[0], cell, src), cell, inter, src)
             else:
                 src = d if d in holders else holders[0]
                 piece = self.extract(self.stored(t, src), cell, inter, src)
-            pieces.append((inter, piece))
+            pieces.append((inter, self.send(piece, d)))
         self.memo[key] = self.assemble(pieces, box, d, t)
         return self.memo[key]
 
