@@ -4,13 +4,13 @@ them, then prove a multi-device graph correct with verify().
 Until the rewrite lands (issue 5), the multi-device graph run here is a hand placement: each
 WResNet stage on its own CPU device. Run with `make demo`.
 """
-import re
 import time
 
 import mxnet as mx
 
+from nnvm_passes import import_symbol
+
 import tofu_mx
-from nnvm_passes import export_symbol, import_symbol, place
 from tofu_mx import models
 
 
@@ -48,20 +48,19 @@ def main():
               f"{tofu_mx.summary.format_bytes(dp)} ({dp / plan.total_bytes:.1f}x more)")
         print("\n".join(plan.report(max_rows=5).splitlines()[:9]))
 
-    print("\n== verify(): WResNet-26 (widen 2, 64x64) with stage i on cpu(i-1), against cpu(0)")
+    print("\n== partition(): WResNet-26 (widen 2, 64x64, batch 8) over cpu(0..3), verified "
+          "against cpu(0)")
     symbol = models.wresnet(26, widen=2, num_classes=10)
-    shapes = models.input_shapes("wresnet", 4, image_size=64)
-
-    def stage_device(node):
-        match = re.match(r"stage(\d+)", node.name)
-        return f"dev{int(match.group(1)) - 1 if match else 0}"
-
-    candidate = export_symbol(place(import_symbol(symbol, **shapes), stage_device))
+    shapes = models.input_shapes("wresnet", 8, image_size=64)
     ctx = [mx.cpu(i) for i in range(4)]
     start = time.perf_counter()
-    report = tofu_mx.verify(symbol, candidate, ctx, **shapes)
-    print(f"{len(report.comparisons)} tensors compared in {time.perf_counter() - start:.1f} s; "
-          f"worst: {report.worst.describe()}")
+    ptd = tofu_mx.partition(symbol, ctx, **shapes)
+    print(f"partitioned in {time.perf_counter() - start:.1f} s")
+    print(ptd.report(max_rows=8))
+    start = time.perf_counter()
+    report = tofu_mx.verify(symbol, ptd, ctx, rtol=1e-4, atol=1e-4, **shapes)
+    print(f"{len(report.comparisons)} tensors (outputs, every gradient, aux states) compared in "
+          f"{time.perf_counter() - start:.1f} s; worst: {report.worst.describe()}")
     print(str(report).splitlines()[-1])
 
 

@@ -222,6 +222,9 @@ class PartitionedSymbol:
         shards, and the activations the backward pass keeps (outputs that carry a gradient)."""
         graph = import_symbol(self.symbol, dtypes={s.name: s.dtype for s in self.shards},
                               **self.shard_shapes)
+        kinds = {s.name: s.kind for s in self.shards}   # the import sees only shaped inputs
+        graph = graph.replace(nodes=tuple(n.replace(kind=kinds[n.name]) if n.is_variable else n
+                                          for n in graph.nodes))
         grads = needs_grad_of(graph)
         index = {g: i for i, g in enumerate(self.group2ctx)}
         rows = [dict(weights=0, gradients=0, aux=0, inputs=0, activations=0)

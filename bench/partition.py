@@ -1,0 +1,201 @@
+"""Benchmark of partition(): memory per device, the rewrite's own overhead, cross-device bytes.
+
+    python bench/partition.py [--quick]
+
+(a) memory: ``memory_per_device()`` (weights, gradients, aux, inputs, activations that keep a
+    gradient) against the ideal, the single-device graph's same figure divided by k; for
+    sizes that fit, the same figures summed from a bound executor's arrays per context.
+(b) overhead: forward+backward time of the partitioned graph with every group on cpu(0),
+    against the unpartitioned graph on cpu(0), measured side by side in one run (median of
+    repeats). Also the time with groups on cpu(0..k-1): each CPU device has its own engine
+    thread on the same 2 cores, so this is NOT a model of GPU communication.
+(c) cross-device copies: tensors crossing ctx groups in the rewritten forward graph (count,
+    bytes; the backward pass mirrors them) against the plan's predicted bytes.
+Prints markdown tables; writes bench/out/partition.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+import tofu_mx  # noqa: E402
+from nnvm_passes.importer import import_symbol  # noqa: E402
+from tofu_mx import models  # noqa: E402
+from tofu_mx.search.cut import needs_grad_of  # noqa: E402
+from tofu_mx.summary import format_bytes  # noqa: E402
+
+warnings.simplefilter("ignore", RuntimeWarning)
+
+
+def single_device_bytes(sym, shapes) -> int:
+    g = import_symbol(sym, **shapes)
+    grads = needs_grad_of(g)
+    total = 0
+    for i, n in enumerate(g.nodes):
+        if n.is_variable:
+            total += n.outputs[0].nbytes * (2 if n.kind == "param" else 1)
+        else:
+            total += sum(t.nbytes for j, t in enumerate(n.outputs) if grads[(i, j)])
+    return total
+
+
+def bound_bytes(exe) -> dict[str, int]:
+    per = {}
+    for arrays in (exe.arg_dict, exe.grad_dict, exe.aux_dict):
+        for a in arrays.values():
+            if a is not None:
+                per[str(a.context)] = per.get(str(a.context), 0) + a.size * np.dtype(a.dtype).itemsize
+    return per
+
+
+def crossing(ptd) -> tuple[int, int]:
+    g = import_symbol(ptd.symbol, dtypes={s.name: s.dtype for s in ptd.shards},
+                      **ptd.shard_shapes)
+    count = nbytes = 0
+    seen = set()
+    for n in g.nodes:
+        for e in n.inputs:
+            src = g.nodes[e.node]
+            if src.ctx_group != n.ctx_group and (e.node, e.index, n.ctx_group) not in seen:
+                seen.add((e.node, e.index, n.ctx_group))
+                count += 1
+                nbytes += g.tensor(e).nbytes
+    return count, nbytes
+
+
+def step_time(exe, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        exe.forward(is_train=True)
+        exe.backward()
+        mx.nd.waitall()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
+
+
+def fill(exe, seed=0):
+    rng = np.random.default_rng(seed)
+    for name, a in exe.arg_dict.items():
+        if "label" in name:
+            a[:] = rng.integers(0, 10, a.shape)
+        elif name.startswith("data"):
+            a[:] = rng.integers(0, 10, a.shape)
+        else:
+            a[:] = rng.standard_normal(a.shape).astype(a.dtype) * 0.05
+
+
+def memory_rows(cases, bound: bool):
+    rows = []
+    for label, sym, shapes, k in cases:
+        t = time.perf_counter()
+        ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
+        t_part = time.perf_counter() - t
+        mem = ptd.memory_per_device()
+        ideal = single_device_bytes(sym, shapes) / k
+        worst = max(m.total for m in mem)
+        row = [label, k, f"{t_part:.1f}s", format_bytes(ideal), format_bytes(worst),
+               f"{worst / ideal:.3f}"]
+        if bound:
+            exe = ptd.simple_bind(grad_req={n.name: "write" for n in ptd.graph.variables("param")})
+            per = bound_bytes(exe)
+            planned = {m.device: m.weights + m.gradients + m.aux + m.inputs for m in mem}
+            same = all(per.get(d, 0) == planned[d] for d in planned)
+            row.append("agree" if same else f"differ {per} vs {planned}")
+        else:
+            row.append("(plan only)")
+        count, nbytes = crossing(ptd)
+        row += [count, format_bytes(2 * nbytes), format_bytes(ptd.plan.total_bytes)]
+        rows.append(row)
+        print(" | ".join(map(str, row)), flush=True)
+    return rows
+
+
+def _grad_of_inputs(ptd, device) -> int:
+    """Gradients of data/label shards: the executor allocates them, memory_per_device() does
+    not count them (they are not kept by training)."""
+    return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in ptd.shards
+               if s.kind in ("data", "label") and str(ptd.contexts[s.device]) == device)
+
+
+def overhead_rows(cases, repeats: int):
+    rows = []
+    for label, sym, shapes in cases:
+        params = [n.name for n in import_symbol(sym, **shapes).variables("param")]
+        req = {n: "write" if n in params else "null" for n in sym.list_arguments()}
+        ref = sym.simple_bind(mx.cpu(0), grad_req=req, **shapes)
+        fill(ref)
+        base = step_time(ref, repeats)
+        row = [label, f"{base * 1e3:.1f}"]
+        for k in (2, 4):
+            ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
+            shard_req = {s.name: req[s.source] for s in ptd.shards if s.kind != "aux"}
+            one = ptd.symbol.simple_bind(mx.cpu(0), grad_req=shard_req,
+                                         group2ctx={g: mx.cpu(0) for g in ptd.group2ctx},
+                                         **ptd.shard_shapes)
+            fill(one)
+            many = ptd.simple_bind(grad_req=req)
+            fill(many)
+            t_one, t_many = step_time(one, repeats), step_time(many, repeats)
+            row += [f"{t_one / base:.2f}", f"{t_many / base:.2f}"]
+        rows.append(row)
+        print(" | ".join(map(str, row)), flush=True)
+    return rows
+
+
+def table(head, rows):
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def main():
+    quick = "--quick" in sys.argv
+    bound_cases = [
+        ("WResNet-26-W2, batch 16, 64px", models.wresnet(26, 2, 100),
+         models.input_shapes("wresnet", 16, image_size=64), 4),
+        ("LSTM-2x1024, batch 32, 10 steps", models.rnn(2, 1024, 10, 8000),
+         models.input_shapes("rnn", 32, seq_len=10), 4),
+        ("Transformer 4x512, batch 16, 32 tokens", models.transformer(4, 512, 8, 32, 8000),
+         models.input_shapes("transformer", 16, seq_len=32), 4),
+    ]
+    big_cases = [] if quick else [
+        ("WResNet-152-W10, batch 48, 224px", models.wresnet(152, 10), models.input_shapes(
+            "wresnet", 48), 8),
+        ("LSTM-10x8K, batch 48, 20 steps", models.rnn(10, 8192, 20, 10000),
+         models.input_shapes("rnn", 48, seq_len=20), 8),
+    ]
+    head = ["model", "k", "partition", "ideal/device", "max device", "ratio", "bound arrays",
+            "crossings", "crossing bytes (fwd+bwd)", "plan bytes"]
+    print("## (a, c) memory per device and cross-device bytes")
+    mem = memory_rows(bound_cases, True) + memory_rows(big_cases, False)
+    print("\n## (b) overhead: partitioned fwd+bwd / unpartitioned, on cpu(0)")
+    over_cases = [
+        ("WResNet-14-W1, batch 8, 32px", models.wresnet(14, 1, 10),
+         models.input_shapes("wresnet", 8, image_size=32)),
+        ("LSTM-2x256, batch 16, 5 steps", models.rnn(2, 256, 5, 1000),
+         models.input_shapes("rnn", 16, seq_len=5)),
+    ]
+    over = overhead_rows(over_cases, 3 if quick else 7)
+    text = ["# bench/partition.py results", "", "## (a, c) memory and cross-device bytes", "",
+            table(head, mem), "", "## (b) overhead (ratios to the unpartitioned graph on cpu(0))",
+            "", table(["model", "unpartitioned ms", "k=2 all on cpu(0)", "k=2 on cpu(0..1)",
+                       "k=4 all on cpu(0)", "k=4 on cpu(0..3)"], over), "",
+            "cpu(0..k-1) timings share 2 cores and one process: not a model of GPUs."]
+    os.makedirs("bench/out", exist_ok=True)
+    with open("bench/out/partition.md", "w") as f:
+        f.write("\n".join(text) + "\n")
+    print("\n".join(text))
+
+
+if __name__ == "__main__":
+    main()
