@@ -15,7 +15,6 @@ Prints markdown tables; writes bench/out/partition.md.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -30,22 +29,14 @@ import numpy as np  # noqa: E402
 import tofu_mx  # noqa: E402
 from nnvm_passes.importer import import_symbol  # noqa: E402
 from tofu_mx import models  # noqa: E402
-from tofu_mx.search.cut import needs_grad_of  # noqa: E402
 from tofu_mx.summary import format_bytes  # noqa: E402
 
 warnings.simplefilter("ignore", RuntimeWarning)
 
 
 def single_device_bytes(sym, shapes) -> int:
-    g = import_symbol(sym, **shapes)
-    grads = needs_grad_of(g)
-    total = 0
-    for i, n in enumerate(g.nodes):
-        if n.is_variable:
-            total += n.outputs[0].nbytes * (2 if n.kind == "param" else 1)
-        else:
-            total += sum(t.nbytes for j, t in enumerate(n.outputs) if grads[(i, j)])
-    return total
+    """Weights, gradients, aux, inputs and kept activations of the graph on one device."""
+    return tofu_mx.plan(sym, 1, **shapes).memory[0].total
 
 
 def bound_bytes(exe) -> dict[str, int]:
@@ -58,8 +49,7 @@ def bound_bytes(exe) -> dict[str, int]:
 
 
 def crossing(ptd) -> tuple[int, int]:
-    g = import_symbol(ptd.symbol, dtypes={s.name: s.dtype for s in ptd.shards},
-                      **ptd.shard_shapes)
+    g = ptd.shard_graph
     count = nbytes = 0
     seen = set()
     for n in g.nodes:
@@ -118,13 +108,6 @@ def memory_rows(cases, bound: bool):
         rows.append(row)
         print(" | ".join(map(str, row)), flush=True)
     return rows
-
-
-def _grad_of_inputs(ptd, device) -> int:
-    """Gradients of data/label shards: the executor allocates them, memory_per_device() does
-    not count them (they are not kept by training)."""
-    return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in ptd.shards
-               if s.kind in ("data", "label") and str(ptd.contexts[s.device]) == device)
 
 
 def overhead_rows(cases, repeats: int):

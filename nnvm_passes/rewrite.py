@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from nnvm_passes.ir import Graph, format_attr_value
+from tofu_mx.devices import group_name
 from tofu_mx.errors import TofuError
 
 Box = tuple[tuple[int, int], ...]
@@ -60,10 +61,6 @@ class RewriteResult:
 def _intersect(a: Box, b: Box) -> Box | None:
     out = tuple((max(x[0], y[0]), min(x[1], y[1])) for x, y in zip(a, b))
     return None if any(lo > hi for lo, hi in out) else out
-
-
-def group_name(device: int) -> str:
-    return f"dev{device}"
 
 
 class _Rewrite:

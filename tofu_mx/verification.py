@@ -251,8 +251,7 @@ def verify(reference: mx.sym.Symbol, candidate: Any, ctx: Sequence[mx.Context],
         cand_graph = disable_dropout(import_symbol(candidate, dtypes=dtypes, **shapes))
         _check_shapes(ref_graph, cand_graph)
     else:
-        cand_graph = disable_dropout(import_symbol(
-            candidate, dtypes={s.name: s.dtype for s in sharded.shards}, **sharded.shard_shapes))
+        cand_graph = disable_dropout(sharded.shard_graph)
     values = _values(ref_graph, seed, arrays)
     rng = np.random.default_rng([seed, 1])
     head_grads = [rng.standard_normal(t.shape).astype(t.dtype) for t in ref_graph.output_infos]

@@ -113,7 +113,7 @@ def _pool_shard(attrs, ctx):
     full = attrs.get("pooling_convention", "valid") == "full"
 
     def size(length, pad, k, s):
-        return -((length + 2 * pad - k) // -s) + 1 if full else (length + 2 * pad - k) // s + 1
+        return -((length + 2 * pad - k) // -s) + 1 if full else _conv_size(length, pad, k, s)
     # Materialised pads are read like data: right for max (its pad value is -inf) and for an
     # average that counts the pad; not for one that skips it, nor past the "full" border.
     explicit_ok = kind == "max" or (attrs.get("count_include_pad", True) and not full)

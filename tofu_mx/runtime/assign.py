@@ -18,7 +18,6 @@ shapes than the analysis) makes the whole operator run whole on every device ins
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -105,10 +104,6 @@ def stored_box(shape: Sequence[int], layouts: Sequence[str], factors: Sequence[i
         if layout.startswith("split("):
             box = narrow(box, int(layout[6:-1]), p, part)
     return box
-
-
-def size_of(box: Box) -> tuple[int, ...]:
-    return tuple(hi - lo + 1 for lo, hi in box)
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -231,8 +226,8 @@ def _described_share(node, entry: Description, traced, pads, levels, factors,
     attrs = dict(node.attrs)
     attrs.update({name: format_attr_value(v) for name, v in shard.attrs.items()})
     attrs = FrozenDict(attrs)
-    shapes = tuple(size_of(b) for b in boxes if b is not None)
-    want = tuple(size_of(b) for b in work.outputs)
+    shapes = tuple(ShardContext.size(b) for b in boxes if b is not None)
+    want = tuple(ShardContext.size(b) for b in work.outputs)
     got = _inferred_shapes(node.op, attrs, shapes, len(want))
     if got is None or got[:len(want)] != want:
         return (f"MXNet computes {got and got[:len(want)]} from inputs {shapes} with "
@@ -263,7 +258,3 @@ def _opaque_share(node, entry: Opaque, in_shapes, out_shapes, levels, factors, p
     return Share(node.attrs, tuple(box(s, a) for s, a in zip(in_shapes, in_axes)),
                  (None,) * len(in_shapes), tuple(box(s, a) for s, a in zip(out_shapes, out_axes)),
                  None, tuple(key))
-
-
-def total_elements(box: Box) -> int:
-    return math.prod(size_of(box))

@@ -2,6 +2,7 @@
 :class:`PartitionedSymbol` it returns (binding, parameters, checkpoints, memory)."""
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from dataclasses import dataclass
@@ -64,6 +65,16 @@ class PartitionedSymbol:
     @property
     def shard_shapes(self) -> dict[str, tuple[int, ...]]:
         return {s.name: s.shape for s in self.shards}
+
+    @functools.cached_property
+    def shard_graph(self) -> Graph:
+        """The partitioned symbol imported with the shards' shapes, dtypes and kinds (the
+        import alone would call every shaped variable data)."""
+        graph = import_symbol(self.symbol, dtypes={s.name: s.dtype for s in self.shards},
+                              **self.shard_shapes)
+        kinds = {s.name: s.kind for s in self.shards}
+        return graph.replace(nodes=tuple(n.replace(kind=kinds[n.name]) if n.is_variable else n
+                                         for n in graph.nodes))
 
     def _arg_shards(self) -> list[VarShard]:
         return [s for s in self.shards if s.kind != "aux"]
@@ -220,11 +231,7 @@ class PartitionedSymbol:
     def memory_per_device(self) -> list[DeviceMemory]:
         """Bytes each device holds: parameter shards, their gradients, aux states, input
         shards, and the activations the backward pass keeps (outputs that carry a gradient)."""
-        graph = import_symbol(self.symbol, dtypes={s.name: s.dtype for s in self.shards},
-                              **self.shard_shapes)
-        kinds = {s.name: s.kind for s in self.shards}   # the import sees only shaped inputs
-        graph = graph.replace(nodes=tuple(n.replace(kind=kinds[n.name]) if n.is_variable else n
-                                          for n in graph.nodes))
+        graph = self.shard_graph
         grads = needs_grad_of(graph)
         index = {g: i for i, g in enumerate(self.group2ctx)}
         rows = [dict(weights=0, gradients=0, aux=0, inputs=0, activations=0)
@@ -333,8 +340,7 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
 
 def _check_rewrite(ptd: PartitionedSymbol) -> None:
     """The rewritten graph infers the original's output shapes from the shards' shapes."""
-    graph = import_symbol(ptd.symbol, dtypes={s.name: s.dtype for s in ptd.shards},
-                          **ptd.shard_shapes)
+    graph = ptd.shard_graph
     got = [t.shape for t in graph.output_infos]
     want = [t.shape for t in ptd.graph.output_infos]
     if got != want:
