@@ -2,8 +2,8 @@
 
     python bench/partition.py [--quick]
 
-(a) memory: ``memory_per_device()`` (weights, gradients, aux, inputs, activations that keep a
-    gradient) against the ideal, the single-device graph's same figure divided by k; for
+(a) memory: ``memory_per_device()`` (weights, gradients, aux, inputs, and the activations some
+    gradient node reads, from MXNet's own gradient graphs) against the ideal, the single-device graph's same figure divided by k; for
     sizes that fit, the same figures summed from a bound executor's arrays per context.
 (b) overhead: forward+backward time of the partitioned graph with every group on cpu(0),
     against the unpartitioned graph on cpu(0), measured side by side in one run (median of
@@ -35,8 +35,9 @@ warnings.simplefilter("ignore", RuntimeWarning)
 
 
 def single_device_bytes(sym, shapes) -> int:
-    """Weights, gradients, aux, inputs and kept activations of the graph on one device."""
-    return tofu_mx.plan(sym, 1, **shapes).memory[0].total
+    """Weights, gradients, aux, inputs and kept activations of the graph on one device,
+    counted as ``memory_per_device`` counts them."""
+    return tofu_mx.partition(sym, [mx.cpu(0)], **shapes).memory_per_device()[0].total
 
 
 def bound_bytes(exe) -> dict[str, int]:

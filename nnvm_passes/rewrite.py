@@ -22,6 +22,7 @@ original's outputs and shapes.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -343,4 +344,12 @@ class _Rewrite:
 
 def rewrite(graph: Graph, assignment: Any) -> RewriteResult:
     """The partitioned graph (MXNet JSON) and its variables; see the module docstring."""
-    return _Rewrite(graph, assignment).run()
+    # emission recurses from the outputs to the inputs, a few frames per operator: a deep
+    # network (WResNet-152: about a thousand operators in a chain) needs more than Python's
+    # default limit of 1,000 frames
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph.nodes) + 1000))
+    try:
+        return _Rewrite(graph, assignment).run()
+    finally:
+        sys.setrecursionlimit(limit)

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 import mxnet as mx
 import numpy as np
 
+from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.importer import check_symbol, import_symbol
 from nnvm_passes.ir import Graph
 from nnvm_passes.rewrite import RewriteResult, VarShard, rewrite
@@ -229,24 +230,25 @@ class PartitionedSymbol:
 
     # --- reports ----------------------------------------------------------------------------
     def memory_per_device(self) -> list[DeviceMemory]:
-        """Bytes each device holds: parameter shards, their gradients, aux states, input
-        shards, and the activations the backward pass keeps (outputs that carry a gradient)."""
+        """Bytes each device holds at the end of the forward pass: parameter shards, their
+        gradients, aux states, input shards, and the activations the backward pass keeps
+        (outputs some gradient node reads, as MXNet builds the gradients, on each device
+        whose gradient nodes read them). Temporary buffers are not."""
         graph = self.shard_graph
-        grads = needs_grad_of(graph)
+        kept = kept_for_backward(graph, needs_grad_of(graph))
         index = {g: i for i, g in enumerate(self.group2ctx)}
         rows = [dict(weights=0, gradients=0, aux=0, inputs=0, activations=0)
                 for _ in self.contexts]
         for i, node in enumerate(graph.nodes):
-            d = index[node.ctx_group]
             if node.is_variable:
-                nbytes = node.outputs[0].nbytes
+                d, nbytes = index[node.ctx_group], node.outputs[0].nbytes
                 key = {"param": "weights", "aux": "aux"}.get(node.kind, "inputs")
                 rows[d][key] += nbytes
                 if node.kind == "param":
                     rows[d]["gradients"] += nbytes
                 continue
             for j, t in enumerate(node.outputs):
-                if grads[(i, j)]:
+                for d in {index[graph.nodes[r].ctx_group] for r in kept[(i, j)]}:
                     rows[d]["activations"] += t.nbytes
         return [DeviceMemory(str(c), **r) for c, r in zip(self.contexts, rows)]
 

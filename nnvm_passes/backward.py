@@ -1,0 +1,105 @@
+"""Which tensors the backward pass keeps: read from MXNet's own gradient graphs.
+
+MXNet keeps a forward tensor alive until the backward pass when some backward node reads
+it: a convolution's gradient reads its input, a ReLU's its output, an addition's nothing.
+Rather than a hand-written table, :func:`backward_reads` binds the operator alone (its
+attributes, the graph's shapes and dtypes, a gradient for every floating input) and reads
+the gradient nodes' inputs from the executor's graph (``Executor.debug_str``). Binding only
+plans memory (nothing is computed, and untouched pages cost nothing), and the answer is
+cached per operator, attributes and input ranks.
+
+:func:`kept_for_backward` applies it to a graph: the operator outputs some backward node
+reads. Their bytes are the activations a device holds at the end of the forward pass.
+"""
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+import mxnet as mx
+import numpy as np
+
+from nnvm_passes.ir import Graph, Node
+
+_REF = re.compile(r"^\s*arg\[(\d+)\]=(.+)\((\d+)\)")
+_OP = re.compile(r"^Op:(\S+), Name=(.+)$", re.M)
+#: gradient helpers that read an input only for its shape and type (MXNet's FIgnoreInputs):
+#: the input positions they ignore
+_SHAPE_ONLY = {"_identity_with_attr_like_rhs": {1}, "zeros_like": {0}, "ones_like": {0}}
+
+
+def backward_reads(node: Node, graph: Graph) -> tuple[frozenset[int], frozenset[int]]:
+    """``(inputs, outputs)``: the positions of ``node``'s inputs and outputs that its
+    gradient reads, as MXNet builds it."""
+    infos = [graph.tensor(e) for e in node.inputs]
+    attrs = tuple(sorted((k, str(v)) for k, v in node.attrs.items() if not k.startswith("__")))
+    shapes, dtypes = tuple(i.shape for i in infos), tuple(i.dtype for i in infos)
+    key = (node.op, attrs, tuple(len(s) for s in shapes), dtypes, len(node.outputs))
+    if key not in _CACHE:
+        _CACHE[key] = _derive(node.op, attrs, shapes, dtypes, len(node.outputs))
+    return _CACHE[key]
+
+
+_CACHE: dict[tuple, tuple[frozenset[int], frozenset[int]]] = {}
+
+
+def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int
+            ) -> tuple[frozenset[int], frozenset[int]]:
+    from tofu_mx.tdl.registry import single_op_symbol
+
+    n = len(shapes)
+    sym = single_op_symbol(op, dict(attrs), n, n_outputs)
+    floating = [np.issubdtype(np.dtype(t), np.floating) for t in dtypes]
+    req = {f"in{i}": "write" if f else "null" for i, f in enumerate(floating)}
+    if not any(floating):
+        return frozenset(), frozenset()
+    try:
+        exe = sym.simple_bind(mx.cpu(), grad_req=req,
+                              type_dict={f"in{i}": t for i, t in enumerate(dtypes)},
+                              **{f"in{i}": s for i, s in enumerate(shapes)})
+    except mx.base.MXNetError:
+        # cannot bind it alone: assume the gradient reads everything (an upper bound)
+        return frozenset(range(n)), frozenset(range(n_outputs))
+    ins, outs = set(), set()
+    forward_done = False
+    for section in exe.debug_str().split("--------------------"):
+        head = _OP.search(section)
+        if head is None:
+            continue
+        if head.group(2) == "op":
+            forward_done = True
+            continue
+        ignored = _SHAPE_ONLY.get(head.group(1), set())
+        for line in section.splitlines():
+            m = _REF.match(line)
+            if not forward_done or not m or int(m.group(1)) in ignored:
+                continue
+            name, index = m.group(2), int(m.group(3))
+            if name == "op":
+                outs.add(index)
+            elif re.fullmatch(r"in\d+", name):
+                ins.add(int(name[2:]))
+    return frozenset(ins), frozenset(outs)
+
+
+def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool]
+                      ) -> dict[tuple[int, int], frozenset[int]]:
+    """For every operator output ``(node, index)``: the nodes whose gradient reads it (the
+    producer itself when its gradient reads its output; empty when the tensor is not kept).
+    A tensor read on another device is held there, in the copy MXNet makes for that device.
+    ``grads``: whether each tensor carries a gradient (an operator has a gradient node when
+    one of its outputs does)."""
+    kept: dict[tuple[int, int], set[int]] = {
+        (i, j): set() for i, n in enumerate(graph.nodes) if not n.is_variable
+        for j in range(len(n.outputs))}
+    for i, node in enumerate(graph.nodes):
+        if node.is_variable or not any(grads[(i, j)] for j in range(len(node.outputs))):
+            continue
+        ins, outs = backward_reads(node, graph)
+        for j in outs:
+            kept[(i, j)].add(i)
+        for p in ins:
+            e = node.inputs[p]
+            if not graph.nodes[e.node].is_variable:
+                kept[(e.node, e.index)].add(i)
+    return {t: frozenset(r) for t, r in kept.items()}

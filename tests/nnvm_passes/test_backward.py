@@ -1,0 +1,76 @@
+"""Which tensors the backward pass keeps, as read from MXNet's own gradient graphs."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import tofu_mx  # noqa: F401  (MXNet settings)
+from nnvm_passes.backward import backward_reads, kept_for_backward
+from nnvm_passes.importer import import_symbol
+from tofu_mx.search.cut import needs_grad_of
+
+
+def _graph():
+    data = mx.sym.var("data")
+    conv = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), pad=(1, 1), name="conv")
+    relu = mx.sym.Activation(conv, act_type="relu", name="relu")
+    tanh = mx.sym.Activation(relu, act_type="tanh", name="tanh")
+    add = mx.sym.elemwise_add(tanh, relu, name="add")
+    flat = mx.sym.Flatten(add, name="flat")
+    fc = mx.sym.FullyConnected(flat, num_hidden=3, name="fc")
+    out = mx.sym.SoftmaxOutput(fc, name="softmax")
+    return import_symbol(out, data=(2, 3, 5, 5), softmax_label=(2,))
+
+
+@pytest.mark.parametrize("name, inputs, outputs", [
+    ("conv", {0, 1, 2}, set()),        # data, weight and bias
+    ("relu", set(), {0}),              # its output only
+    ("tanh", {0}, {0}),                # MXNet's Activation gradient takes the input as well
+    ("add", set(), set()),
+    ("flat", set(), set()),
+    ("fc", {0, 1}, set()),              # not the bias
+    ("softmax", {1}, {0}),             # label and probabilities
+])
+def test_backward_reads_match_mxnet(name, inputs, outputs):
+    g = _graph()
+    assert backward_reads(g.node(name), g) == (frozenset(inputs), frozenset(outputs))
+
+
+def test_kept_tensors_are_those_a_gradient_reads():
+    g = _graph()
+    kept = kept_for_backward(g, needs_grad_of(g))
+    by_name = {g.nodes[i].name: readers for (i, j), readers in kept.items() if j == 0}
+    idx = {n.name: i for i, n in enumerate(g.nodes)}
+    assert by_name["conv"] == set()               # relu's gradient reads relu's output,
+    assert by_name["relu"] == {idx["relu"], idx["tanh"]}    # and tanh's reads its input
+    assert by_name["tanh"] == {idx["tanh"]}
+    assert by_name["add"] == set()                # nothing reads add's output or flat's
+    assert by_name["flat"] == {idx["fc"]}
+    assert by_name["fc"] == set()
+    assert by_name["softmax"] == {idx["softmax"]}
+
+
+def test_no_gradient_no_kept_tensor():
+    g = _graph()
+    none = {t: False for t in needs_grad_of(g)}
+    assert not any(kept_for_backward(g, none).values())
+
+
+def test_memory_per_device_counts_kept_activations():
+    g = _graph()
+    ptd = tofu_mx.partition(mx.sym.load_json(_symbol_json()), [mx.cpu(0)],
+                            data=(2, 3, 5, 5), softmax_label=(2,))
+    kept = kept_for_backward(g, needs_grad_of(g))
+    want = sum(g.nodes[i].outputs[j].nbytes for (i, j), r in kept.items() if r)
+    assert ptd.memory_per_device()[0].activations == want
+    assert want == np.dtype("float32").itemsize * (2 * 4 * 25 * 2 + 2 * 100 + 2 * 3)
+
+
+def _symbol_json():
+    data = mx.sym.var("data")
+    conv = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), pad=(1, 1), name="conv")
+    relu = mx.sym.Activation(conv, act_type="relu", name="relu")
+    tanh = mx.sym.Activation(relu, act_type="tanh", name="tanh")
+    add = mx.sym.elemwise_add(tanh, relu, name="add")
+    flat = mx.sym.Flatten(add, name="flat")
+    fc = mx.sym.FullyConnected(flat, num_hidden=3, name="fc")
+    return mx.sym.SoftmaxOutput(fc, name="softmax").tojson()
