@@ -2,6 +2,7 @@
 :class:`PartitionedSymbol` it returns (binding, parameters, checkpoints, memory)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import warnings
@@ -16,8 +17,8 @@ from nnvm_passes.importer import check_symbol, import_symbol
 from nnvm_passes.ir import Graph
 from nnvm_passes.rewrite import RewriteResult, VarShard, rewrite
 from tofu_mx.devices import check_contexts, group_name, warn_if_mkldnn_across_cpus
-from tofu_mx.errors import (CheckpointError, InvalidArgumentError, TofuError,
-                            UnsupportedOperatorError)
+from tofu_mx.errors import (CheckpointError, InvalidArgumentError, NoFeasiblePlanError,
+                            TofuError, UnsupportedOperatorError)
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.search.cut import needs_grad_of
 from tofu_mx.search.plan import Plan, SearchOptions, plan_graph
@@ -309,16 +310,59 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     ``mx.gpu(i)``), for the input ``shapes`` given by name (``data=(32, 3, 224, 224)``).
 
     Runs import -> TDL analysis -> coarsening -> search (:func:`tofu_mx.plan`) -> assignment
-    -> rewrite -> check. ``memory_budget``: bytes per device (or a list), see
-    :func:`tofu_mx.plan`. The caller's symbol is not modified.
+    -> rewrite -> check. ``memory_budget``: bytes per device (or a list). Without one, the
+    plan moves the fewest bytes (``options.memory_weight``, 0 by default, as Tofu). With
+    one, plans that trade bytes moved for memory (``MEMORY_WEIGHTS``) are tried in turn
+    until ``memory_per_device()`` fits; :class:`tofu_mx.NoFeasiblePlanError` if none does.
+    The caller's symbol is not modified.
     """
     symbol = check_symbol(symbol, "symbol")
     contexts = check_contexts(ctx)
+    options = options or SearchOptions()
     graph = import_symbol(symbol, dtypes=dtypes, **shapes)
-    plan = plan_graph(graph, len(contexts), memory_budget=memory_budget,
-                      options=options or SearchOptions())
-    _check_operators(graph, plan, len(contexts))
-    return apply_plan(symbol, graph, plan, contexts)
+    k = len(contexts)
+    if memory_budget is None:
+        plan = plan_graph(graph, k, options=options)
+        _check_operators(graph, plan, k)
+        return apply_plan(symbol, graph, plan, contexts)
+    budgets = _budgets(memory_budget, k)
+    failures: list[NoFeasiblePlanError] = []
+    weights = [options.memory_weight] + [w for w in MEMORY_WEIGHTS if w > options.memory_weight]
+    for weight in weights:
+        tried = dataclasses.replace(options, memory_weight=weight)
+        try:
+            plan = plan_graph(graph, k, memory_budget=budgets, options=tried)
+        except NoFeasiblePlanError as e:    # the plan's own lower bound is over already
+            failures.append(e)
+            continue
+        _check_operators(graph, plan, k)
+        ptd = apply_plan(symbol, graph, plan, contexts)
+        mem = ptd.memory_per_device()
+        over = [(d, m, b) for d, (m, b) in enumerate(zip(mem, budgets)) if m.total > b]
+        if not over:
+            return ptd
+        d, m, b = max(over, key=lambda t: t[1].total - t[2])
+        failures.append(NoFeasiblePlanError(
+            f"no partition fits: with memory_weight={weight:g}, {m.device} needs "
+            f"{format_bytes(m.total)} (weights {format_bytes(m.weights)}, gradients "
+            f"{format_bytes(m.gradients)}, activations {format_bytes(m.activations)}) but its "
+            f"budget is {format_bytes(b)}; use more devices, a smaller batch, or a larger "
+            f"budget", m.total))
+    raise min(failures, key=lambda e: e.footprint)
+
+
+#: memory weights partition() tries in turn when the plan with fewest bytes moved does not fit
+#: the memory budget: each buys memory with more bytes moved (bench/partition.py measures it)
+MEMORY_WEIGHTS = (1.0, 4.0, 16.0, 64.0)
+
+
+def _budgets(budget, k: int) -> list[float]:
+    budgets = list(budget) if isinstance(budget, (list, tuple)) else [budget] * k
+    if len(budgets) != k or any(isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0
+                                for b in budgets):
+        raise InvalidArgumentError(f"memory_budget must be bytes, or a list of {k} bytes (one "
+                                   f"per device), got {budget!r}")
+    return budgets
 
 
 def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,

@@ -111,6 +111,15 @@ def consumer_bytes(layout: tuple, shape: Sequence[int], needed: Sequence[Box | N
     return 2 * forward
 
 
+def converted_bytes(layout: tuple, shape: Sequence[int], needed: Sequence[Box | None],
+                    itemsize: int) -> int:
+    """Bytes of the converted copies a consumer reads: every part that needs anything but
+    exactly what it holds reads a new tensor (joined, cut or padded) of the needed size."""
+    held = stored_regions(layout, shape, len(needed))
+    return sum(volume(n) for h, n in zip(held, needed)
+               if n is not None and tuple(n) != tuple(h)) * itemsize
+
+
 def producer_bytes(layout: tuple, shape: Sequence[int], produced: Sequence[Box | None],
                    partial: bool, itemsize: int, needs_grad: bool) -> int:
     """Bytes to bring what a strategy computes into the stored layout, and back in backward.

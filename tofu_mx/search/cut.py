@@ -35,7 +35,7 @@ import numpy as np
 
 import tofu_mx.ops  # noqa: F401  (registers the built-in descriptions)
 from nnvm_passes.ir import Graph
-from tofu_mx.search.cost import consumer_bytes, producer_bytes
+from tofu_mx.search.cost import consumer_bytes, converted_bytes, producer_bytes
 from tofu_mx.search.problem import Problem, make_problem
 from tofu_mx.tdl.analysis import Layout, Strategy, opaque_strategies, strategies
 from tofu_mx.tdl.lang import TDLError
@@ -151,8 +151,9 @@ class Cut:
     """The problem of one cut into ``parts`` at one view, and how to read its solution."""
 
     def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True,
-                 needs_grad: dict | None = None):
+                 needs_grad: dict | None = None, memory_weight: float = 0.0):
         self.graph, self.view, self.parts = graph, view, parts
+        self.memory_weight = memory_weight
         self.ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
         self.strats = {i: op_strategies(graph, i, view, parts) for i in self.ops}
         self.needs_grad = needs_grad_of(graph) if needs_grad is None else needs_grad
@@ -375,7 +376,11 @@ class Cut:
                         if key not in seen:
                             seen.add(key)
                             edges.append(self._edge(k, m, j, entry))
-        return make_problem(names, choices, unary, edges)
+        self.bytes_problem = make_problem(names, choices, unary, [e[:3] for e in edges])
+        if not self.memory_weight:
+            return self.bytes_problem
+        return make_problem(names, choices, unary,
+                            [(u, v, b + self.memory_weight * kept) for u, v, b, kept in edges])
 
     def _layouts_of(self, slot: int, tensor_node: int, out: int) -> list[StoreLayout]:
         kind = self.order[slot][1]
@@ -384,6 +389,8 @@ class Cut:
         return [r[tensor_node][1][out] for r in self.resolved[slot]]
 
     def _edge(self, k: int, member: int, j: int, entry):
+        """``(source slot, slot, bytes moved, bytes of converted copies the backward pass
+        keeps)``, each matrix indexed by the source's and this slot's choices."""
         src_slot = self.slot[entry.node]
         tensor = self.graph.nodes[entry.node].outputs[entry.index]
         grad = self.needs_grad[(entry.node, entry.index)]
@@ -391,13 +398,28 @@ class Cut:
         itemsize = np.dtype(tensor.dtype).itemsize
         src_layouts = self._layouts_of(src_slot, entry.node, entry.index)
         needs = [r[member][0].inputs[j] for r in self.resolved[k]]
+        kept = self.memory_weight and self._keeps_input(member, j)
         if src_slot == k:   # inside the group: both ends move together
             cost = [_consumer(src_layouts[c], shape, needs[c], itemsize, grad)
                     for c in range(len(needs))]
-            return (k, k, np.diag(np.array(cost, dtype=np.float64)))
+            buf = [_buffer(src_layouts[c], shape, needs[c], itemsize) if kept else 0
+                   for c in range(len(needs))]
+            return (k, k, np.diag(np.array(cost, dtype=np.float64)),
+                    np.diag(np.array(buf, dtype=np.float64)))
         m = np.array([[_consumer(a, shape, need, itemsize, grad) for need in needs]
                       for a in src_layouts], dtype=np.float64)
-        return (src_slot, k, m)
+        buf = np.array([[_buffer(a, shape, need, itemsize) if kept else 0 for need in needs]
+                        for a in src_layouts], dtype=np.float64)
+        return (src_slot, k, m, buf)
+
+    def _keeps_input(self, member: int, j: int) -> bool:
+        """Whether operator ``member``'s gradient reads its input ``j`` (so a converted copy
+        of it lives until the backward pass)."""
+        node = self.graph.nodes[member]
+        if not any(self.needs_grad[(member, o)] for o in range(len(node.outputs))):
+            return False
+        from nnvm_passes.backward import backward_reads
+        return j in backward_reads(node, self.graph)[0]
 
     def _producer_cost(self, resolved: dict) -> float:
         total = 0
@@ -415,6 +437,11 @@ class Cut:
 @functools.lru_cache(maxsize=1 << 18)
 def _consumer(layout, shape, need, itemsize, grad):
     return consumer_bytes(layout, shape, need, itemsize, grad)
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _buffer(layout, shape, need, itemsize):
+    return converted_bytes(layout, shape, need, itemsize)
 
 
 @functools.lru_cache(maxsize=1 << 18)

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.importer import import_symbol
 from nnvm_passes.ir import Graph
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
@@ -37,6 +38,8 @@ class SearchOptions:
     try_factor_orders: bool = True    # try every order of k's prime factors, keep the best
     optimizer_state: float = 0.0      # optimizer bytes per parameter byte (SGD+momentum 1, Adam 2)
     progress: bool | None = None      # tqdm bar: None = on for big graphs when stderr is a tty
+    memory_weight: float = 0.0        # cost of a byte of converted input kept for the backward
+    #                                   pass, in bytes moved (0: fewest bytes moved, as Tofu)
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ class Memory:
     optimizer: int
     aux: int
     inputs: int
-    activations: int            # operator outputs kept for the backward pass
+    activations: int            # stored operator outputs a gradient node reads (converted
+    #                             copies not counted: PartitionedSymbol.memory_per_device does)
 
     @property
     def total(self) -> int:
@@ -182,7 +186,8 @@ class _LevelResult:
 
 def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
                  choose=None, grads=None) -> _LevelResult:
-    cut = Cut(graph, view, parts, tie=options.tie, needs_grad=grads)
+    cut = Cut(graph, view, parts, tie=options.tie, needs_grad=grads,
+              memory_weight=options.memory_weight)
     problem = cut.problem()
     progress = _progress_bar(len(problem.names), options, f"{parts}-way cut")
     try:
@@ -244,6 +249,7 @@ def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan
 def _memory(graph: Graph, tensors: Sequence[TensorPlan], grads: Mapping, options: SearchOptions,
             k: int) -> tuple[Memory, ...]:
     by_name = {t.name: t for t in tensors}
+    kept = kept_for_backward(graph, grads)
     weights = gradients = aux = inputs = activations = 0
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
@@ -257,7 +263,7 @@ def _memory(graph: Graph, tensors: Sequence[TensorPlan], grads: Mapping, options
                 inputs += b
             continue
         for j in range(len(node.outputs)):
-            if grads[(i, j)]:
+            if kept[(i, j)]:
                 activations += by_name[f"{node.name}:{j}"].shard_bytes
     m = Memory(weights, gradients, int(weights * options.optimizer_state), aux, inputs, activations)
     return tuple(m for _ in range(k))
@@ -323,7 +329,8 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
               results: list[_LevelResult], options: SearchOptions) -> Plan:
     tensors = _tensor_plans(graph, results)
     grads = results[0].cut.needs_grad if results else needs_grad_of(graph)
-    levels = tuple(Level(p, math.prod(order[:k]), r.solution.cost, len(r.cut.order),
+    levels = tuple(Level(p, math.prod(order[:k]), r.cut.bytes_problem.cost(r.solution.assignment),
+                         len(r.cut.order),
                          r.solution.max_frontier, r.solution.max_states)
                    for k, (p, r) in enumerate(zip(order, results)))
     ops = tuple(OpPlan(n.name, n.op, tuple(r.members[i][0].name for r in results))

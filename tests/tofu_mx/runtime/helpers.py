@@ -14,7 +14,7 @@ def float64(shapes):
     return {name: "float64" for name in shapes}
 
 
-def partition_and_verify(sym, k, dtypes=None, choose=None, **shapes):
+def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, **shapes):
     """Partition ``sym`` over k CPU devices and verify it against one device (outputs, every
     gradient, every aux state); returns (PartitionedSymbol, VerificationReport)."""
     ctx = [mx.cpu(i) for i in range(k)]
@@ -22,7 +22,7 @@ def partition_and_verify(sym, k, dtypes=None, choose=None, **shapes):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         if choose is None:
-            ptd = tofu_mx.partition(sym, ctx, dtypes=dtypes, **shapes)
+            ptd = tofu_mx.partition(sym, ctx, dtypes=dtypes, options=options, **shapes)
         else:
             graph = import_symbol(sym, dtypes=dtypes, **shapes)
             ptd = apply_plan(sym, graph, plan_graph(graph, k, choose=forced(choose)), ctx)
