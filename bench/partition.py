@@ -3,8 +3,10 @@
     python bench/partition.py [--quick]
 
 (a) memory: ``memory_per_device()`` (weights, gradients, aux, inputs, and the activations some
-    gradient node reads, from MXNet's own gradient graphs) against the ideal, the single-device graph's same figure divided by k; for
-    sizes that fit, the same figures summed from a bound executor's arrays per context.
+    gradient node reads, from MXNet's own gradient graphs), for the plan moving the fewest
+    bytes (memory weight 0, as Tofu) and a memory-weighted one (16), against the ideal:
+    the single-device graph's same figure divided by k. For sizes that fit, the weights,
+    gradients, aux and inputs are also summed from a bound executor's arrays per context.
 (b) overhead: forward+backward time of the partitioned graph with every group on cpu(0),
     against the unpartitioned graph on cpu(0), measured side by side in one run (median of
     repeats). Also the time with groups on cpu(0..k-1): each CPU device has its own engine
@@ -29,6 +31,7 @@ import numpy as np  # noqa: E402
 import tofu_mx  # noqa: E402
 from nnvm_passes.importer import import_symbol  # noqa: E402
 from tofu_mx import models  # noqa: E402
+from tofu_mx.search.plan import SearchOptions  # noqa: E402
 from tofu_mx.summary import format_bytes  # noqa: E402
 
 warnings.simplefilter("ignore", RuntimeWarning)
@@ -85,29 +88,33 @@ def fill(exe, seed=0):
             a[:] = rng.standard_normal(a.shape).astype(a.dtype) * 0.05
 
 
-def memory_rows(cases, bound: bool):
+def memory_rows(cases, bound: bool, weights=(0.0, 16.0)):
     rows = []
     for label, sym, shapes, k in cases:
-        t = time.perf_counter()
-        ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
-        t_part = time.perf_counter() - t
-        mem = ptd.memory_per_device()
         ideal = single_device_bytes(sym, shapes) / k
-        worst = max(m.total for m in mem)
-        row = [label, k, f"{t_part:.1f}s", format_bytes(ideal), format_bytes(worst),
-               f"{worst / ideal:.3f}"]
-        if bound:
-            exe = ptd.simple_bind(grad_req={n.name: "write" for n in ptd.graph.variables("param")})
-            per = bound_bytes(exe)
-            planned = {m.device: m.weights + m.gradients + m.aux + m.inputs for m in mem}
-            same = all(per.get(d, 0) == planned[d] for d in planned)
-            row.append("agree" if same else f"differ {per} vs {planned}")
-        else:
-            row.append("(plan only)")
-        count, nbytes = crossing(ptd)
-        row += [count, format_bytes(2 * nbytes), format_bytes(ptd.plan.total_bytes)]
-        rows.append(row)
-        print(" | ".join(map(str, row)), flush=True)
+        for weight in weights:
+            t = time.perf_counter()
+            ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)],
+                                    options=SearchOptions(memory_weight=weight), **shapes)
+            t_part = time.perf_counter() - t
+            mem = ptd.memory_per_device()
+            worst = max(m.total for m in mem)
+            row = [label, k, f"{weight:g}", f"{t_part:.1f}s", format_bytes(ideal),
+                   format_bytes(worst), f"{worst / ideal:.3f}"]
+            if bound:
+                exe = ptd.simple_bind(grad_req={n.name: "write"
+                                                for n in ptd.graph.variables("param")})
+                per = bound_bytes(exe)
+                planned = {m.device: m.weights + m.gradients + m.aux + m.inputs for m in mem}
+                same = all(per.get(d, 0) == planned[d] for d in planned)
+                row.append("agree" if same else f"differ {per} vs {planned}")
+                del exe
+            else:
+                row.append("(plan only)")
+            count, nbytes = crossing(ptd)
+            row += [count, format_bytes(2 * nbytes), format_bytes(ptd.plan.total_bytes)]
+            rows.append(row)
+            print(" | ".join(map(str, row)), flush=True)
     return rows
 
 
@@ -158,7 +165,8 @@ def main():
         ("LSTM-10x8K, batch 48, 20 steps", models.rnn(10, 8192, 20, 10000),
          models.input_shapes("rnn", 48, seq_len=20), 8),
     ]
-    head = ["model", "k", "partition", "ideal/device", "max device", "ratio", "bound arrays",
+    head = ["model", "k", "memory weight", "partition", "ideal/device", "max device", "ratio",
+            "bound arrays",
             "crossings", "crossing bytes (fwd+bwd)", "plan bytes"]
     print("## (a, c) memory per device and cross-device bytes")
     mem = memory_rows(bound_cases, True) + memory_rows(big_cases, False)

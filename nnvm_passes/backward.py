@@ -48,18 +48,22 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int
     from tofu_mx.tdl.registry import single_op_symbol
 
     n = len(shapes)
+    everything = frozenset(range(n)), frozenset(range(n_outputs))
     sym = single_op_symbol(op, dict(attrs), n, n_outputs)
     floating = [np.issubdtype(np.dtype(t), np.floating) for t in dtypes]
     req = {f"in{i}": "write" if f else "null" for i, f in enumerate(floating)}
     if not any(floating):
         return frozenset(), frozenset()
+    types = {f"in{i}": t for i, t in enumerate(dtypes)}
+    shapes = _small_shapes(sym, shapes, types)
+    if shapes is None:   # too big to bind and no smaller batch fits: an upper bound
+        return everything
     try:
-        exe = sym.simple_bind(mx.cpu(), grad_req=req,
-                              type_dict={f"in{i}": t for i, t in enumerate(dtypes)},
+        exe = sym.simple_bind(mx.cpu(), grad_req=req, type_dict=types,
                               **{f"in{i}": s for i, s in enumerate(shapes)})
     except mx.base.MXNetError:
         # cannot bind it alone: assume the gradient reads everything (an upper bound)
-        return frozenset(range(n)), frozenset(range(n_outputs))
+        return everything
     ins, outs = set(), set()
     forward_done = False
     for section in exe.debug_str().split("--------------------"):
@@ -80,6 +84,29 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int
             elif re.fullmatch(r"in\d+", name):
                 ins.add(int(name[2:]))
     return frozenset(ins), frozenset(outs)
+
+
+#: largest input bytes bound as they are, and with the batch cut to 1 (binding zero-fills its
+#: arrays and their gradients; weights cannot be cut)
+_BIND_LIMIT, _SMALL_LIMIT = 256 << 20, 2 << 30
+
+
+def _small_shapes(sym, shapes: tuple, types: dict) -> tuple | None:
+    """Shapes to bind the operator with: the graph's when small, else the same with the
+    leading (batch) axis cut to 1 on every input that shares the first input's leading size,
+    when MXNet accepts that; None when neither fits. The gradient's structure does not
+    depend on shapes."""
+    def nbytes(ss):
+        return sum(int(np.prod(x)) * np.dtype(t).itemsize for x, t in zip(ss, types.values()))
+    if nbytes(shapes) <= _BIND_LIMIT:
+        return shapes
+    lead = shapes[0][0] if shapes and shapes[0] else None
+    small = tuple((1,) + tuple(x[1:]) if x and x[0] == lead else x for x in shapes)
+    try:
+        _, out, _ = sym.infer_shape(**{f"in{i}": x for i, x in enumerate(small)})
+    except mx.base.MXNetError:
+        return None
+    return small if out is not None and nbytes(small) <= _SMALL_LIMIT else None
 
 
 def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool]
