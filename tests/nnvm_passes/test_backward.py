@@ -9,7 +9,7 @@ from nnvm_passes.importer import import_symbol
 from tofu_mx.search.cut import needs_grad_of
 
 
-def _graph():
+def _symbol():
     data = mx.sym.var("data")
     conv = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), pad=(1, 1), name="conv")
     relu = mx.sym.Activation(conv, act_type="relu", name="relu")
@@ -17,8 +17,11 @@ def _graph():
     add = mx.sym.elemwise_add(tanh, relu, name="add")
     flat = mx.sym.Flatten(add, name="flat")
     fc = mx.sym.FullyConnected(flat, num_hidden=3, name="fc")
-    out = mx.sym.SoftmaxOutput(fc, name="softmax")
-    return import_symbol(out, data=(2, 3, 5, 5), softmax_label=(2,))
+    return mx.sym.SoftmaxOutput(fc, name="softmax")
+
+
+def _graph():
+    return import_symbol(_symbol(), data=(2, 3, 5, 5), softmax_label=(2,))
 
 
 @pytest.mark.parametrize("name, inputs, outputs", [
@@ -57,20 +60,10 @@ def test_no_gradient_no_kept_tensor():
 
 def test_memory_per_device_counts_kept_activations():
     g = _graph()
-    ptd = tofu_mx.partition(mx.sym.load_json(_symbol_json()), [mx.cpu(0)],
+    ptd = tofu_mx.partition(_symbol(), [mx.cpu(0)],
                             data=(2, 3, 5, 5), softmax_label=(2,))
     kept = kept_for_backward(g, needs_grad_of(g))
     want = sum(g.nodes[i].outputs[j].nbytes for (i, j), r in kept.items() if r)
     assert ptd.memory_per_device()[0].activations == want
     assert want == np.dtype("float32").itemsize * (2 * 4 * 25 * 2 + 2 * 100 + 2 * 3)
 
-
-def _symbol_json():
-    data = mx.sym.var("data")
-    conv = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), pad=(1, 1), name="conv")
-    relu = mx.sym.Activation(conv, act_type="relu", name="relu")
-    tanh = mx.sym.Activation(relu, act_type="tanh", name="tanh")
-    add = mx.sym.elemwise_add(tanh, relu, name="add")
-    flat = mx.sym.Flatten(add, name="flat")
-    fc = mx.sym.FullyConnected(flat, num_hidden=3, name="fc")
-    return mx.sym.SoftmaxOutput(fc, name="softmax").tojson()

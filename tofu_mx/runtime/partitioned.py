@@ -21,7 +21,7 @@ from tofu_mx.errors import (CheckpointError, InvalidArgumentError, NoFeasiblePla
                             TofuError, UnsupportedOperatorError)
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.search.cut import needs_grad_of
-from tofu_mx.search.plan import Plan, SearchOptions, plan_graph
+from tofu_mx.search.plan import Plan, SearchOptions, budgets_of, plan_graph
 from tofu_mx.summary import format_bytes
 
 
@@ -325,7 +325,7 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         plan = plan_graph(graph, k, options=options)
         _check_operators(graph, plan, k)
         return apply_plan(symbol, graph, plan, contexts)
-    budgets = _budgets(memory_budget, k)
+    budgets = budgets_of(memory_budget, k)
     failures: list[NoFeasiblePlanError] = []
     weights = [options.memory_weight] + [w for w in MEMORY_WEIGHTS if w > options.memory_weight]
     for weight in weights:
@@ -341,7 +341,7 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         over = [(d, m, b) for d, (m, b) in enumerate(zip(mem, budgets)) if m.total > b]
         if not over:
             return ptd
-        d, m, b = max(over, key=lambda t: t[1].total - t[2])
+        _, m, b = max(over, key=lambda t: t[1].total - t[2])
         failures.append(NoFeasiblePlanError(
             f"no partition fits: with memory_weight={weight:g}, {m.device} needs "
             f"{format_bytes(m.total)} (weights {format_bytes(m.weights)}, gradients "
@@ -354,15 +354,6 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
 #: memory weights partition() tries in turn when the plan with fewest bytes moved does not fit
 #: the memory budget: each buys memory with more bytes moved (bench/partition.py measures it)
 MEMORY_WEIGHTS = (1.0, 4.0, 16.0, 64.0)
-
-
-def _budgets(budget, k: int) -> list[float]:
-    budgets = list(budget) if isinstance(budget, (list, tuple)) else [budget] * k
-    if len(budgets) != k or any(isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0
-                                for b in budgets):
-        raise InvalidArgumentError(f"memory_budget must be bytes, or a list of {k} bytes (one "
-                                   f"per device), got {budget!r}")
-    return budgets
 
 
 def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,

@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 import tofu_mx.ops  # noqa: F401  (registers the built-in descriptions)
+from nnvm_passes.backward import backward_reads
 from nnvm_passes.ir import Graph
 from tofu_mx.search.cost import consumer_bytes, converted_bytes, producer_bytes
 from tofu_mx.search.problem import Problem, make_problem
@@ -418,7 +419,6 @@ class Cut:
         node = self.graph.nodes[member]
         if not any(self.needs_grad[(member, o)] for o in range(len(node.outputs))):
             return False
-        from nnvm_passes.backward import backward_reads
         return j in backward_reads(node, self.graph)[0]
 
     def _producer_cost(self, resolved: dict) -> float:

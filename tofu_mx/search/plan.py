@@ -269,11 +269,18 @@ def _memory(graph: Graph, tensors: Sequence[TensorPlan], grads: Mapping, options
     return tuple(m for _ in range(k))
 
 
-def _check_budget(plan: Plan, budget, k: int) -> None:
+def budgets_of(budget, k: int) -> list[float]:
+    """``memory_budget`` (bytes, or one per device) as one budget per device."""
     budgets = list(budget) if isinstance(budget, (list, tuple)) else [budget] * k
-    if len(budgets) != k or any(not isinstance(b, (int, float)) or b <= 0 for b in budgets):
+    if len(budgets) != k or any(isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0
+                                for b in budgets):
         raise InvalidArgumentError(f"memory_budget must be bytes, or a list of {k} bytes (one "
                                    f"per device), got {budget!r}")
+    return budgets
+
+
+def _check_budget(plan: Plan, budget, k: int) -> None:
+    budgets = budgets_of(budget, k)
     over = [(d, m.total, b) for d, (m, b) in enumerate(zip(plan.memory, budgets)) if m.total > b]
     if not over:
         return
