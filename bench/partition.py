@@ -8,9 +8,10 @@
     the single-device graph's same figure divided by k. For sizes that fit, the weights,
     gradients, aux and inputs are also summed from a bound executor's arrays per context.
 (b) overhead: forward+backward time of the partitioned graph with every group on cpu(0),
-    against the unpartitioned graph on cpu(0), measured side by side in one run (median of
-    repeats). Also the time with groups on cpu(0..k-1): each CPU device has its own engine
-    thread on the same 2 cores, so this is NOT a model of GPU communication.
+    against the unpartitioned graph on cpu(0), measured side by side in one run (each round
+    runs every executor once; medians of 31 rounds). Also the time with groups on
+    cpu(0..k-1): each CPU device has its own engine thread on the same 2 cores, so this is
+    NOT a model of GPU communication.
 (c) cross-device copies: tensors crossing ctx groups in the rewritten forward graph (count,
     bytes; the backward pass mirrors them) against the plan's predicted bytes.
 Prints markdown tables; writes bench/out/partition.md.
@@ -66,15 +67,19 @@ def crossing(ptd) -> tuple[int, int]:
     return count, nbytes
 
 
-def step_time(exe, repeats: int) -> float:
-    times = []
-    for _ in range(repeats + 1):
-        t = time.perf_counter()
-        exe.forward(is_train=True)
-        exe.backward()
-        mx.nd.waitall()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times[1:])
+def step_times(exes, repeats: int) -> list[float]:
+    """Median forward+backward seconds of each executor, run in turn in every round (one
+    warm-up round), so that drifts in the machine's speed hit all of them alike."""
+    times = [[] for _ in exes]
+    for r in range(repeats + 1):
+        for i, exe in enumerate(exes):
+            t = time.perf_counter()
+            exe.forward(is_train=True)
+            exe.backward()
+            mx.nd.waitall()
+            if r:
+                times[i].append(time.perf_counter() - t)
+    return [statistics.median(t) for t in times]
 
 
 def fill(exe, seed=0):
@@ -125,8 +130,7 @@ def overhead_rows(cases, repeats: int):
         req = {n: "write" if n in params else "null" for n in sym.list_arguments()}
         ref = sym.simple_bind(mx.cpu(0), grad_req=req, **shapes)
         fill(ref)
-        base = step_time(ref, repeats)
-        row = [label, f"{base * 1e3:.1f}"]
+        exes = [ref]
         for k in (2, 4):
             ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
             shard_req = {s.name: req[s.source] for s in ptd.shards if s.kind != "aux"}
@@ -136,8 +140,9 @@ def overhead_rows(cases, repeats: int):
             fill(one)
             many = ptd.simple_bind(grad_req=req)
             fill(many)
-            t_one, t_many = step_time(one, repeats), step_time(many, repeats)
-            row += [f"{t_one / base:.2f}", f"{t_many / base:.2f}"]
+            exes += [one, many]
+        base, *others = step_times(exes, repeats)
+        row = [label, f"{base * 1e3:.1f}"] + [f"{t / base:.2f}" for t in others]
         rows.append(row)
         print(" | ".join(map(str, row)), flush=True)
     return rows
@@ -177,7 +182,7 @@ def main():
         ("LSTM-2x256, batch 16, 5 steps", models.rnn(2, 256, 5, 1000),
          models.input_shapes("rnn", 16, seq_len=5)),
     ]
-    over = overhead_rows(over_cases, 3 if quick else 7)
+    over = overhead_rows(over_cases, 5 if quick else 31)
     text = ["# bench/partition.py results", "", "## (a, c) memory and cross-device bytes", "",
             table(head, mem), "", "## (b) overhead (ratios to the unpartitioned graph on cpu(0))",
             "", table(["model", "unpartitioned ms", "k=2 all on cpu(0)", "k=2 on cpu(0..1)",

@@ -10,10 +10,15 @@ cached per operator, attributes and input ranks.
 
 :func:`kept_for_backward` applies it to a graph: the operator outputs some backward node
 reads. Their bytes are the activations a device holds at the end of the forward pass.
+
+:func:`passes_gradient_through` reads the same graph for another fact the rewrite needs: an
+operator like ``elemwise_add`` has no gradient node of its own, its inputs' gradients *are*
+its output's gradient, wherever MXNet happened to place that.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Mapping
 
 import mxnet as mx
@@ -23,14 +28,20 @@ from nnvm_passes.ir import Graph, Node
 
 _REF = re.compile(r"^\s*arg\[(\d+)\]=(.+)\((\d+)\)")
 _OP = re.compile(r"^Op:(\S+), Name=(.+)$", re.M)
+_OUTPUT = re.compile(r"^\s*output\[\d+\]=(.*)\(\d+\)$", re.M)
 #: gradient helpers that read an input only for its shape and type (MXNet's FIgnoreInputs):
 #: the input positions they ignore
 _SHAPE_ONLY = {"_identity_with_attr_like_rhs": {1}, "zeros_like": {0}, "ones_like": {0}}
 
 
-def backward_reads(node: Node, graph: Graph) -> tuple[frozenset[int], frozenset[int]]:
-    """``(inputs, outputs)``: the positions of ``node``'s inputs and outputs that its
-    gradient reads, as MXNet builds it."""
+@dataclass(frozen=True)
+class _Gradient:
+    inputs: frozenset[int]      # input positions the gradient reads
+    outputs: frozenset[int]     # output positions the gradient reads
+    passes_through: bool        # some input's gradient is the output's gradient itself
+
+
+def _gradient(node: Node, graph: Graph) -> _Gradient:
     infos = [graph.tensor(e) for e in node.inputs]
     attrs = tuple(sorted((k, str(v)) for k, v in node.attrs.items() if not k.startswith("__")))
     shapes, dtypes = tuple(i.shape for i in infos), tuple(i.dtype for i in infos)
@@ -40,20 +51,33 @@ def backward_reads(node: Node, graph: Graph) -> tuple[frozenset[int], frozenset[
     return _CACHE[key]
 
 
-_CACHE: dict[tuple, tuple[frozenset[int], frozenset[int]]] = {}
+def backward_reads(node: Node, graph: Graph) -> tuple[frozenset[int], frozenset[int]]:
+    """``(inputs, outputs)``: the positions of ``node``'s inputs and outputs that its
+    gradient reads, as MXNet builds it."""
+    g = _gradient(node, graph)
+    return g.inputs, g.outputs
 
 
-def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int
-            ) -> tuple[frozenset[int], frozenset[int]]:
+def passes_gradient_through(node: Node, graph: Graph) -> bool:
+    """Whether some input's gradient is ``node``'s output gradient itself, with no gradient
+    node of ``node``'s own between them (``elemwise_add``, ``add_n``). True when unknown."""
+    return _gradient(node, graph).passes_through
+
+
+_CACHE: dict[tuple, _Gradient] = {}
+
+
+def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int) -> _Gradient:
     from tofu_mx.tdl.registry import single_op_symbol
 
     n = len(shapes)
-    everything = frozenset(range(n)), frozenset(range(n_outputs))
+    # the upper bound when MXNet cannot tell: reads everything, may pass through
+    everything = _Gradient(frozenset(range(n)), frozenset(range(n_outputs)), True)
     sym = single_op_symbol(op, dict(attrs), n, n_outputs)
     floating = [np.issubdtype(np.dtype(t), np.floating) for t in dtypes]
     req = {f"in{i}": "write" if f else "null" for i, f in enumerate(floating)}
     if not any(floating):
-        return frozenset(), frozenset()
+        return _Gradient(frozenset(), frozenset(), False)
     types = {f"in{i}": t for i, t in enumerate(dtypes)}
     shapes = _small_shapes(sym, shapes, types)
     if shapes is None:   # too big to bind and no smaller batch fits: an upper bound
@@ -64,9 +88,15 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int
     except mx.base.MXNetError:
         # cannot bind it alone: assume the gradient reads everything (an upper bound)
         return everything
+    text = exe.debug_str()
+    # the executor's outputs: the forward outputs, then one gradient per floating input,
+    # each made by a node MXNet names after the operator ("op_backward", ...) unless the
+    # head gradient itself is handed on (maybe through an unnamed copy)
+    grads = _OUTPUT.findall(text.split("Variable:", 1)[0])[n_outputs:]
+    passes = any(not name.startswith("op") for name in grads)
     ins, outs = set(), set()
     forward_done = False
-    for section in exe.debug_str().split("--------------------"):
+    for section in text.split("--------------------"):
         head = _OP.search(section)
         if head is None:
             continue
@@ -83,7 +113,7 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int
                 outs.add(index)
             elif re.fullmatch(r"in\d+", name):
                 ins.add(int(name[2:]))
-    return frozenset(ins), frozenset(outs)
+    return _Gradient(frozenset(ins), frozenset(outs), passes)
 
 
 #: largest input bytes bound as they are, and with the batch cut to 1 (binding zero-fills its

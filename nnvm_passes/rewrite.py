@@ -9,8 +9,9 @@ rewrite never decides anything; it emits, lazily from the graph's outputs backwa
 - each variable as one variable per distinct stored box, ``<name>@dev<d>`` on the first
   device storing that box; auxiliary states (mutated in place) get one variable per device
   that updates them;
-- a tensor read on another device goes through one ``_copy`` per reading device, placed with
-  the tensor (see :meth:`_Rewrite.send`);
+- a tensor read on another device is read there directly (MXNet inserts the
+  ``_CrossDeviceCopy``), or through one ``_copy`` per reading device placed with the tensor
+  where its gradient must be summed on its own device (see :meth:`_Rewrite.send`);
 - conversions: a region of a tensor on a device is cut out of the stored boxes it overlaps
   with ``SliceChannel`` (equal pieces) or ``_split_v2`` (any cut points) on the device
   holding them, and joined with ``Concat`` on the device needing it; padding is a ``_full``
@@ -28,9 +29,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from nnvm_passes.backward import passes_gradient_through
 from nnvm_passes.ir import Graph, format_attr_value
 from tofu_mx.devices import group_name
 from tofu_mx.errors import TofuError
+
+#: the rewrite's own operators whose inputs' gradients are their output's gradient
+_PASSES_THROUGH = {"add_n"}
 
 Box = tuple[tuple[int, int], ...]
 Sym = tuple[int, int]        # (node id, output index) in the JSON being built
@@ -74,6 +79,7 @@ class _Rewrite:
         self.shards: list[VarShard] = []
         self.counts: dict[str, int] = {}
         self.memo: dict[tuple, Any] = {}
+        self.origin: dict[int, int] = {}     # emitted operator share -> the graph's node
 
     # --- emitting ---------------------------------------------------------------------------
     def _name(self, base: str) -> str:
@@ -123,19 +129,30 @@ class _Rewrite:
         return self.memo[key]
 
     def send(self, sym: Sym, d: int) -> Sym:
-        """``sym`` for readers on device ``d``: one ``_copy`` per reading device, on the
-        device that holds it. Then every tensor's readers sit on its own device, and so does
-        the sum of their gradients: MXNet places a gradient sum on one reader's device, and a
-        variable whose gradient is summed elsewhere cannot bind (nor can one read on two
-        devices)."""
+        """``sym`` for readers on device ``d``. MXNet inserts the cross-device copy; the
+        rewrite adds a ``_copy`` on the device holding ``sym`` (one per reading device) only
+        where the sum of ``sym``'s gradients must be made on that device: MXNet places a
+        gradient sum on one of its readers' devices, so without the copy a variable's gradient
+        could be summed away from the variable (which cannot bind), and so could the gradient
+        of an operator that hands its output gradient to its inputs unchanged
+        (``elemwise_add``, ``add_n``: :func:`passes_gradient_through`). Every other operator's
+        gradient node sits in its own ctx group and reads the sum wherever it was made."""
         src = self.device[sym[0]]
-        if src == d:
+        if src == d or not self.needs_copy(sym):
             return sym
         key = ("send", sym, d)
         if key not in self.memo:
             self.memo[key] = (self.add("_copy", f"{self.nodes[sym[0]]['name']}@to{d}", {}, [sym],
                                        src, "send"), 0)
         return self.memo[key]
+
+    def needs_copy(self, sym: Sym) -> bool:
+        op = self.nodes[sym[0]]["op"]
+        if op == "null":
+            return True
+        if sym[0] in self.origin:
+            return passes_gradient_through(self.g.nodes[self.origin[sym[0]]], self.g)
+        return op in _PASSES_THROUGH     # the rewrite's own nodes
 
     # --- operators --------------------------------------------------------------------------
     def instance(self, i: int, d: int) -> list[Sym]:
@@ -154,6 +171,7 @@ class _Rewrite:
                 inputs.append(self.region((entry.node, entry.index), box, d, share.pads[j]))
         attrs = {k: v for k, v in share.attrs.items() if k != "__ctx_group__"}
         nid = self.add(node.op, node.name + self.suffix(d), attrs, inputs, d, "operator")
+        self.origin[nid] = i
         outs = [(nid, j) for j in range(len(node.outputs))]
         if share.scale is not None and share.scale != 1.0:
             outs = [(self.add("_mul_scalar", f"{node.name}{self.suffix(d)}@scale",

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import tofu_mx  # noqa: F401  (MXNet settings)
-from nnvm_passes.backward import backward_reads, kept_for_backward
+from nnvm_passes.backward import backward_reads, kept_for_backward, passes_gradient_through
 from nnvm_passes.importer import import_symbol
 from tofu_mx.search.cut import needs_grad_of
 
@@ -67,3 +67,20 @@ def test_memory_per_device_counts_kept_activations():
     assert ptd.memory_per_device()[0].activations == want
     assert want == np.dtype("float32").itemsize * (2 * 4 * 25 * 2 + 2 * 100 + 2 * 3)
 
+
+
+@pytest.mark.parametrize("name, passes", [
+    ("conv", False), ("relu", False), ("tanh", False),
+    ("add", True),                     # elemwise_add hands its output gradient on unchanged
+    ("flat", False), ("fc", False), ("softmax", False),
+])
+def test_passes_gradient_through(name, passes):
+    g = _graph()
+    assert passes_gradient_through(g.node(name), g) is passes
+
+
+def test_add_n_passes_gradient_through():
+    a, b = mx.sym.var("a"), mx.sym.var("b")
+    g = import_symbol(mx.sym.add_n(a, b, name="sum") * a, a=(2, 3), b=(2, 3))
+    assert passes_gradient_through(g.node("sum"), g)
+    assert not passes_gradient_through(g.nodes[-1], g)     # elemwise_mul: _backward_mul

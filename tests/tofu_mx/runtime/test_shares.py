@@ -93,3 +93,29 @@ def test_softmax_output_with_batch_normalization():
     y = mx.sym.SoftmaxOutput(y, name="softmax", normalization="batch")
     ptd, report = partition_and_verify(y, 2, dtypes={}, data=(6, 4), softmax_label=(6,))
     assert report.ok
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_cross_device_reads_copy_only_where_gradients_need_it(k):
+    """A tensor read on another device is read there directly, except a variable or the
+    output of an operator handing its gradient on unchanged (elemwise_add, add_n): those go
+    through a ``_copy`` on their own device, so their gradient sums are made there."""
+    import json
+
+    from tofu_mx import models
+    sym = models.rnn(1, 16, 3, 20)
+    shapes = models.input_shapes("rnn", 4, seq_len=3)
+    ptd, report = partition_and_verify(sym, k, dtypes={}, **shapes)
+    assert report.ok
+    nodes = json.loads(ptd.symbol.tojson())["nodes"]
+    group = [n.get("attrs", {}).get("__ctx_group__") for n in nodes]
+    pass_through = {"null", "elemwise_add", "add_n"}
+    direct = 0
+    for i, n in enumerate(nodes):
+        for src, _, _ in n["inputs"]:
+            if n["op"] == "_copy":
+                assert nodes[src]["op"] in pass_through and group[src] == group[i]
+            elif group[src] != group[i]:
+                assert nodes[src]["op"] not in pass_through, (nodes[src]["name"], n["name"])
+                direct += 1
+    assert direct > 0 and ptd.node_counts.get("send", 0) < direct
