@@ -1,6 +1,9 @@
 """Benchmark of partition(): memory per device, the rewrite's own overhead, cross-device bytes.
 
-    python bench/partition.py [--quick]
+    python bench/partition.py [--quick] [--no-big]
+
+``--quick``: no k=8 plan-level rows, few repeats; ``--no-big``: no k=8 rows (they take about
+20 GB of RAM and most of the run).
 
 (a) memory: ``memory_per_device()`` (weights, gradients, aux, inputs, and the activations some
     gradient node reads, from MXNet's own gradient graphs), for the plan moving the fewest
@@ -14,11 +17,15 @@
     NOT a model of GPU communication.
 (c) cross-device copies: tensors crossing ctx groups in the rewritten forward graph (count,
     bytes; the backward pass mirrors them) against the plan's predicted bytes.
+(d) memory order: the same plan rewritten without and with Tofu's control dependencies
+    (``apply_plan(..., ordered=True)``): the activation and temporary memory MXNet's planner
+    allocates (``Executor.debug_str``, all contexts), and the step time.
 Prints markdown tables; writes bench/out/partition.md.
 """
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import sys
 import time
@@ -32,7 +39,8 @@ import numpy as np  # noqa: E402
 import tofu_mx  # noqa: E402
 from nnvm_passes.importer import import_symbol  # noqa: E402
 from tofu_mx import models  # noqa: E402
-from tofu_mx.search.plan import SearchOptions  # noqa: E402
+from tofu_mx.runtime.partitioned import apply_plan  # noqa: E402
+from tofu_mx.search.plan import SearchOptions, plan_graph  # noqa: E402
 from tofu_mx.summary import format_bytes  # noqa: E402
 
 warnings.simplefilter("ignore", RuntimeWarning)
@@ -148,6 +156,33 @@ def overhead_rows(cases, repeats: int):
     return rows
 
 
+def planned_mb(exe) -> int:
+    """MXNet's memory plan for the executor's activations and temporaries, all contexts."""
+    return int(re.search(r"Total (\d+) MB allocated", exe.debug_str()).group(1))
+
+
+def order_rows(cases, repeats: int):
+    """The same plan rewritten without and with Tofu's control dependencies."""
+    rows = []
+    for label, sym, shapes, k in cases:
+        graph = import_symbol(sym, **shapes)
+        plan = plan_graph(graph, k)
+        ctx = [mx.cpu(i) for i in range(k)]
+        req = {n.name: "write" for n in graph.variables("param")}
+        exes, mbs = [], []
+        for ordered in (False, True):
+            exe = apply_plan(sym, graph, plan, ctx, ordered=ordered).simple_bind(grad_req=req)
+            fill(exe)
+            exes.append(exe)
+            mbs.append(planned_mb(exe))
+        plain, ordered = step_times(exes, repeats)
+        row = [label, k, mbs[0], mbs[1], f"{ordered / plain:.2f}"]
+        rows.append(row)
+        print(" | ".join(map(str, row)), flush=True)
+        del exes
+    return rows
+
+
 def table(head, rows):
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
@@ -164,7 +199,7 @@ def main():
         ("Transformer 4x512, batch 16, 32 tokens", models.transformer(4, 512, 8, 32, 8000),
          models.input_shapes("transformer", 16, seq_len=32), 4),
     ]
-    big_cases = [] if quick else [
+    big_cases = [] if quick or "--no-big" in sys.argv else [
         ("WResNet-152-W10, batch 48, 224px", models.wresnet(152, 10), models.input_shapes(
             "wresnet", 48), 8),
         ("LSTM-10x8K, batch 48, 20 steps", models.rnn(10, 8192, 20, 10000),
@@ -183,11 +218,16 @@ def main():
          models.input_shapes("rnn", 16, seq_len=5)),
     ]
     over = overhead_rows(over_cases, 5 if quick else 31)
+    print("\n## (d) memory order: Tofu's control dependencies")
+    order = order_rows(bound_cases, 3 if quick else 7)
     text = ["# bench/partition.py results", "", "## (a, c) memory and cross-device bytes", "",
             table(head, mem), "", "## (b) overhead (ratios to the unpartitioned graph on cpu(0))",
             "", table(["model", "unpartitioned ms", "k=2 all on cpu(0)", "k=2 on cpu(0..1)",
                        "k=4 all on cpu(0)", "k=4 on cpu(0..3)"], over), "",
-            "cpu(0..k-1) timings share 2 cores and one process: not a model of GPUs."]
+            "cpu(0..k-1) timings share 2 cores and one process: not a model of GPUs.", "",
+            "## (d) memory order: the same plan without and with Tofu's control dependencies",
+            "", table(["model", "k", "MXNet planned MB", "planned MB, ordered",
+                       "step time ordered / plain (cpu(0..k-1))"], order)]
     os.makedirs("bench/out", exist_ok=True)
     with open("bench/out/partition.md", "w") as f:
         f.write("\n".join(text) + "\n")

@@ -17,6 +17,8 @@ its output's gradient, wherever MXNet happened to place that.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from dataclasses import dataclass
 from typing import Mapping
@@ -85,7 +87,7 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int)
     try:
         exe = sym.simple_bind(mx.cpu(), grad_req=req, type_dict=types,
                               **{f"in{i}": s for i, s in enumerate(shapes)})
-    except mx.base.MXNetError:
+    except (mx.base.MXNetError, RuntimeError):     # simple_bind re-raises as RuntimeError
         # cannot bind it alone: assume the gradient reads everything (an upper bound)
         return everything
     text = exe.debug_str()
@@ -133,7 +135,8 @@ def _small_shapes(sym, shapes: tuple, types: dict) -> tuple | None:
     lead = shapes[0][0] if shapes and shapes[0] else None
     small = tuple((1,) + tuple(x[1:]) if x and x[0] == lead else x for x in shapes)
     try:
-        _, out, _ = sym.infer_shape(**{f"in{i}": x for i, x in enumerate(small)})
+        with contextlib.redirect_stdout(io.StringIO()):   # MXNet prints failed inferences
+            _, out, _ = sym.infer_shape(**{f"in{i}": x for i, x in enumerate(small)})
     except mx.base.MXNetError:
         return None
     return small if out is not None and nbytes(small) <= _SMALL_LIMIT else None

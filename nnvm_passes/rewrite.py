@@ -70,8 +70,8 @@ def _intersect(a: Box, b: Box) -> Box | None:
 
 
 class _Rewrite:
-    def __init__(self, graph: Graph, assignment: Any):
-        self.g, self.a = graph, assignment
+    def __init__(self, graph: Graph, assignment: Any, ordered: bool = False):
+        self.g, self.a, self.ordered = graph, assignment, ordered
         self.k = assignment.num_devices
         self.nodes: list[dict] = []
         self.device: list[int] = []      # the device of each node emitted
@@ -343,11 +343,26 @@ class _Rewrite:
             heads.append(self.region((entry.node, entry.index), tuple((0, n - 1) for n in shape),
                                      0, None))
         self._check_every_variable()
+        if self.ordered:
+            self.order()
         js = {"nodes": self.nodes,
               "arg_nodes": [i for i, n in enumerate(self.nodes) if n["op"] == "null"],
               "heads": [[n, i, 0] for n, i in heads],
               "attrs": {"mxnet_version": ["int", 10901]}}
         return RewriteResult(js, self.shards, dict(sorted(self.counts.items())))
+
+    def order(self) -> None:
+        """Tofu's memory order: every share of an operator gets control dependencies on all
+        shares of the operator before it in the original graph's order, so that MXNet's
+        topological order (the order its memory planner assumes) runs the partitioned
+        operators as the original ran them, not one device's chain after another's."""
+        shares: dict[int, list[int]] = {}
+        for nid, i in self.origin.items():
+            shares.setdefault(i, []).append(nid)
+        ops = sorted(shares)
+        for prev, cur in zip(ops, ops[1:]):
+            for nid in shares[cur]:
+                self.nodes[nid]["control_deps"] = list(shares[prev])
 
     def _check_every_variable(self) -> None:
         for i, node in enumerate(self.g.nodes):
@@ -360,14 +375,16 @@ class _Rewrite:
                                 f"partitioned graph would lose that part of it")
 
 
-def rewrite(graph: Graph, assignment: Any) -> RewriteResult:
-    """The partitioned graph (MXNet JSON) and its variables; see the module docstring."""
+def rewrite(graph: Graph, assignment: Any, ordered: bool = False) -> RewriteResult:
+    """The partitioned graph (MXNet JSON) and its variables; see the module docstring.
+    ``ordered``: add Tofu's control dependencies (:meth:`_Rewrite.order`). Off by default:
+    measured in bench/partition.py, they change MXNet's planned allocation by under 1%."""
     # emission recurses from the outputs to the inputs, a few frames per operator: a deep
     # network (WResNet-152: about a thousand operators in a chain) needs more than Python's
     # default limit of 1,000 frames
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 10 * len(graph.nodes) + 1000))
     try:
-        return _Rewrite(graph, assignment).run()
+        return _Rewrite(graph, assignment, ordered).run()
     finally:
         sys.setrecursionlimit(limit)

@@ -17,7 +17,9 @@ shapes than the analysis) makes the whole operator run whole on every device ins
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -113,7 +115,8 @@ def _inferred_shapes(op: str, attrs: FrozenDict, shapes: tuple, n_outputs: int) 
         sym = single_op_symbol(op, dict(attrs), len(shapes), n_outputs)
         known = {f"in{i}": s for i, s in enumerate(shapes)}
         args = {n: known[n] for n in sym.list_arguments() if n in known}
-        _, found, _ = sym.infer_shape(**args)
+        with contextlib.redirect_stdout(io.StringIO()):   # MXNet prints failed inferences
+            _, found, _ = sym.infer_shape(**args)
     except (TDLError, mx.base.MXNetError):
         return None
     return tuple(tuple(s) for s in found) if found else None

@@ -357,13 +357,14 @@ MEMORY_WEIGHTS = (1.0, 4.0, 16.0, 64.0)
 
 
 def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
-               contexts: Sequence[mx.Context]) -> PartitionedSymbol:
-    """The rewrite and check steps of :func:`partition`, for a plan made elsewhere."""
+               contexts: Sequence[mx.Context], ordered: bool = False) -> PartitionedSymbol:
+    """The rewrite and check steps of :func:`partition`, for a plan made elsewhere.
+    ``ordered``: with Tofu's control dependencies (see :func:`nnvm_passes.rewrite.rewrite`)."""
     if plan.num_devices != len(contexts):
         raise InvalidArgumentError(f"the plan is for {plan.num_devices} devices, ctx has "
                                    f"{len(contexts)}")
     assignment = assign(graph, plan)
-    result = rewrite(graph, assignment)
+    result = rewrite(graph, assignment, ordered)
     ptd = PartitionedSymbol(symbol, graph, plan, assignment, result, list(contexts))
     _check_rewrite(ptd)
     costly = [ptd.graph.nodes[i].name for i in assignment.costly_fallbacks]

@@ -2,10 +2,17 @@
 and pooling split on a spatial axis (halos, one-sided padding made explicit), partial sums
 (FullyConnected/conv over their inputs, a mean's rescaling, global pooling), Concat split
 along its own axis, slices and reshapes, a loss head computed once."""
+import json
+
 import mxnet as mx
 import pytest
 
+import tofu_mx
+from nnvm_passes.importer import import_symbol
 from tests.tofu_mx.runtime.helpers import partition_and_verify
+from tofu_mx import models
+from tofu_mx.runtime.partitioned import apply_plan
+from tofu_mx.search.plan import plan_graph
 
 X = mx.sym.var("data")
 
@@ -100,9 +107,6 @@ def test_cross_device_reads_copy_only_where_gradients_need_it(k):
     """A tensor read on another device is read there directly, except a variable or the
     output of an operator handing its gradient on unchanged (elemwise_add, add_n): those go
     through a ``_copy`` on their own device, so their gradient sums are made there."""
-    import json
-
-    from tofu_mx import models
     sym = models.rnn(1, 16, 3, 20)
     shapes = models.input_shapes("rnn", 4, seq_len=3)
     ptd, report = partition_and_verify(sym, k, dtypes={}, **shapes)
@@ -119,3 +123,24 @@ def test_cross_device_reads_copy_only_where_gradients_need_it(k):
                 assert nodes[src]["op"] not in pass_through, (nodes[src]["name"], n["name"])
                 direct += 1
     assert direct > 0 and ptd.node_counts.get("send", 0) < direct
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_ordered_shares_follow_the_original_order(ordered):
+    """With Tofu's control dependencies, MXNet's own topological order (which its memory
+    planner follows) runs every share of an operator before any share of the next one;
+    without them it need not. Either way the partitioned graph computes the same."""
+    sym = models.wresnet(14, 1, 10)
+    shapes = models.input_shapes("wresnet", 4, image_size=16)
+    dtypes = {"data": "float64", "softmax_label": "float64"}
+    graph = import_symbol(sym, dtypes=dtypes, **shapes)
+    ctx = [mx.cpu(i) for i in range(2)]
+    ptd = apply_plan(sym, graph, plan_graph(graph, 2), ctx, ordered=ordered)
+    report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, **shapes)
+    assert report.ok
+    original = [n.name for n in graph.nodes if not n.is_variable]
+    rank = {name: r for r, name in enumerate(original)}
+    order = [rank[n["name"].split("@")[0]] for n in json.loads(ptd.symbol.tojson())["nodes"]
+             if n["op"] != "null" and n["name"].count("@") == 1 and "#" not in n["name"]
+             and n["name"].split("@")[0] in rank]
+    assert (order == sorted(order)) is ordered
