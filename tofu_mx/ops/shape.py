@@ -139,7 +139,28 @@ def slice_axis(attrs, data):
                                                 for a, x in enumerate(i))])
 
 
-@op("SliceChannel", examples=[({"num_outputs": 2}, [(2, 4, 3)]),
+def _slice_channel_shard(attrs, ctx):
+    """A share holding whole pieces along ``axis`` runs as a SliceChannel of fewer outputs
+    over them; one holding parts of pieces (each device a slice of every LSTM gate) reads
+    each output's region of the input directly (``views``)."""
+    n = int(attrs["num_outputs"])
+    shape = ctx.input_shapes[0]
+    axis = int(attrs.get("axis", 1)) % len(shape)
+    width = shape[axis] // n
+    squeeze = str(attrs.get("squeeze_axis", False)).lower() in ("true", "1")
+    views = []
+    for k, box in enumerate(ctx.outputs):
+        box = list(box)
+        if squeeze:
+            box.insert(axis, (0, 0))
+        lo, hi = box[axis]
+        box[axis] = (k * width + lo, k * width + hi)
+        views.append(tuple(box))
+    whole = all(v[axis] == (k * width, (k + 1) * width - 1) for k, v in enumerate(views))
+    return Shard() if whole else Shard(views=tuple(views))
+
+
+@op("SliceChannel", shard=_slice_channel_shard, examples=[({"num_outputs": 2}, [(2, 4, 3)]),
                               ({"num_outputs": 3, "axis": 1, "squeeze_axis": True}, [(2, 3, 4)]),
                               ({"num_outputs": 2, "axis": -1}, [(2, 3, 4)]),
                               ({"num_outputs": 4, "axis": 0}, [(8, 2)])])

@@ -48,6 +48,7 @@ class Share:
     partial: str | None                  # sum | max | min: outputs are partial
     key: tuple[int, ...]                 # shares with one key and partial outputs combine
     scale: float | None = None           # multiply the outputs by this
+    views: tuple[Box, ...] | None = None # no operator: output j is input 0's box views[j]
 
 
 @dataclass(frozen=True)
@@ -229,13 +230,16 @@ def _described_share(node, entry: Description, traced, pads, levels, factors,
     attrs = dict(node.attrs)
     attrs.update({name: format_attr_value(v) for name, v in shard.attrs.items()})
     attrs = FrozenDict(attrs)
+    outputs = tuple(work.outputs) + (None,) * (len(node.outputs) - len(work.outputs))
+    if shard.views is not None:
+        return Share(attrs, tuple(boxes), pads, outputs, work.partial, tuple(key),
+                     views=tuple(shard.views))
     shapes = tuple(ShardContext.size(b) for b in boxes if b is not None)
     want = tuple(ShardContext.size(b) for b in work.outputs)
     got = _inferred_shapes(node.op, attrs, shapes, len(want))
     if got is None or got[:len(want)] != want:
         return (f"MXNet computes {got and got[:len(want)]} from inputs {shapes} with "
                 f"{dict(shard.attrs)}, the share needs {want}"), reads_whole
-    outputs = tuple(work.outputs) + (None,) * (len(node.outputs) - len(work.outputs))
     return Share(attrs, tuple(boxes), pads, outputs, work.partial, tuple(key), shard.scale)
 
 

@@ -102,11 +102,14 @@ class ShardContext:
 class Shard:
     """How to run one share: attribute overrides, inputs to read in their unclipped window
     (``padded[input] = axes``: the rewrite materialises the pad values there), and a factor
-    to multiply the outputs by (a mean's partial sum)."""
+    to multiply the outputs by (a mean's partial sum). ``views``: the share runs no operator,
+    its output ``j`` is input 0's region ``views[j]`` (a box), cut and joined by the rewrite
+    (a SliceChannel share holding parts of several pieces)."""
 
     attrs: Mapping[str, Any] = field(default_factory=dict)
     padded: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     scale: float | None = None
+    views: tuple | None = None
 
 
 @dataclass(frozen=True)

@@ -144,3 +144,20 @@ def test_ordered_shares_follow_the_original_order(ordered):
              if n["op"] != "null" and n["name"].count("@") == 1 and "#" not in n["name"]
              and n["name"].split("@")[0] in rank]
     assert (order == sorted(order)) is ordered
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_slice_channel_share_holding_parts_of_pieces(k):
+    """An FC's output split on its columns, then SliceChannel into 4 gates split on the same
+    axis: each device holds a part of every gate. Once the share ran SliceChannel whole on
+    every device (a fallback); now each output is read as its region of the input."""
+    fc = mx.sym.FullyConnected(X, num_hidden=16, name="fc")
+    gates = mx.sym.SliceChannel(fc, num_outputs=4, axis=1, name="gates")
+    y = mx.sym.tanh(gates[0], name="t0") * mx.sym.sigmoid(gates[2], name="s2") + gates[3]
+    loss = mx.sym.MakeLoss(mx.sym.sum(y * y + gates[1]))
+    ptd, report = partition_and_verify(
+        loss, k, choose={"fc": "split o", "gates": "split i1"}, data=(3, 5))
+    assert report.ok and not ptd.fallbacks
+    assert ptd.plan.ops[1].strategies[0] == "split i1"
+    assert "SliceChannel" not in {n.op for n in ptd.shard_graph.nodes
+                                  if n.name.startswith("gates@")}
