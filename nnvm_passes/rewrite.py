@@ -138,12 +138,12 @@ class _Rewrite:
         (``elemwise_add``, ``add_n``: :func:`passes_gradient_through`). Every other operator's
         gradient node sits in its own ctx group and reads the sum wherever it was made."""
         src = self.device[sym[0]]
-        if src == d or not self.needs_copy(sym):
+        if src == d:
             return sym
         key = ("send", sym, d)
         if key not in self.memo:
             self.memo[key] = (self.add("_copy", f"{self.nodes[sym[0]]['name']}@to{d}", {}, [sym],
-                                       src, "send"), 0)
+                                       src, "send"), 0) if self.needs_copy(sym) else sym
         return self.memo[key]
 
     def needs_copy(self, sym: Sym) -> bool:

@@ -139,15 +139,18 @@ def slice_axis(attrs, data):
                                                 for a, x in enumerate(i))])
 
 
+def _pieces(attrs, shape):
+    """SliceChannel's geometry: (outputs, axis, width of each piece, squeeze_axis)."""
+    n = int(attrs["num_outputs"])
+    axis = int(attrs.get("axis", 1)) % len(shape)
+    return n, axis, shape[axis] // n, bool(attrs.get("squeeze_axis", False))
+
+
 def _slice_channel_shard(attrs, ctx):
     """A share holding whole pieces along ``axis`` runs as a SliceChannel of fewer outputs
     over them; one holding parts of pieces (each device a slice of every LSTM gate) reads
     each output's region of the input directly (``views``)."""
-    n = int(attrs["num_outputs"])
-    shape = ctx.input_shapes[0]
-    axis = int(attrs.get("axis", 1)) % len(shape)
-    width = shape[axis] // n
-    squeeze = str(attrs.get("squeeze_axis", False)).lower() in ("true", "1")
+    _, axis, width, squeeze = _pieces(attrs, ctx.input_shapes[0])
     views = []
     for k, box in enumerate(ctx.outputs):
         box = list(box)
@@ -166,10 +169,7 @@ def _slice_channel_shard(attrs, ctx):
                               ({"num_outputs": 4, "axis": 0}, [(8, 2)])])
 def slice_channel(attrs, data):
     """Output k is the k-th equal piece along ``axis``; every output shares the variables."""
-    n = int(attrs["num_outputs"])
-    axis = int(attrs.get("axis", 1)) % data.ndim
-    width = data.shape[axis] // n
-    squeeze = attrs.get("squeeze_axis", False)
+    n, axis, width, squeeze = _pieces(attrs, data.shape)
     names = [f"i{a}" for a in range(data.ndim) if not (squeeze and a == axis)]
 
     def piece(k):
