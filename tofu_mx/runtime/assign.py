@@ -17,22 +17,16 @@ shapes than the analysis) makes the whole operator run whole on every device ins
 """
 from __future__ import annotations
 
-import contextlib
-import functools
-import io
 from dataclasses import dataclass
 from typing import Sequence
 
-import mxnet as mx
-
 import tofu_mx.ops  # noqa: F401  (registers the built-in descriptions)
-from nnvm_passes.ir import FrozenDict, Graph, format_attr_value
+from nnvm_passes.ir import FrozenDict, Graph
 from tofu_mx.errors import TofuError
 from tofu_mx.search.plan import Plan
 from tofu_mx.tdl.analysis import pad_values, work_regions
-from tofu_mx.tdl.lang import TDLError
-from tofu_mx.tdl.registry import (Attrs, Description, Opaque, Shard, ShardContext, lookup,
-                                  single_op_symbol, trace)
+from tofu_mx.tdl.registry import Attrs, Description, Opaque, lookup, trace
+from tofu_mx.tdl.shares import resolve
 
 Box = tuple[tuple[int, int], ...]
 
@@ -107,20 +101,6 @@ def stored_box(shape: Sequence[int], layouts: Sequence[str], factors: Sequence[i
         if layout.startswith("split("):
             box = narrow(box, int(layout[6:-1]), p, part)
     return box
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _inferred_shapes(op: str, attrs: FrozenDict, shapes: tuple, n_outputs: int) -> tuple | None:
-    """The shapes MXNet infers for the first ``n_outputs`` outputs of one ``op`` node."""
-    try:
-        sym = single_op_symbol(op, dict(attrs), len(shapes), n_outputs)
-        known = {f"in{i}": s for i, s in enumerate(shapes)}
-        args = {n: known[n] for n in sym.list_arguments() if n in known}
-        with contextlib.redirect_stdout(io.StringIO()):   # MXNet prints failed inferences
-            _, found, _ = sym.infer_shape(**args)
-    except (TDLError, mx.base.MXNetError):
-        return None
-    return tuple(tuple(s) for s in found) if found else None
 
 
 def assign(graph: Graph, plan: Plan) -> Assignment:
@@ -216,31 +196,15 @@ def _described_share(node, entry: Description, traced, pads, levels, factors,
             key.append(q)
     work = work_regions(traced, ranges, reduced, not_first)
     in_shapes = tuple(r.shape for r in traced.inputs)
-    ctx = ShardContext(work.inputs, work.windows, work.outputs, in_shapes,
-                       tuple(o.shape for o in traced.outputs), work.partial)
     reads_whole = all(b is None or b == whole(s) for b, s in zip(work.inputs, in_shapes))
-    shard = entry.shard(Attrs(node.attrs), ctx) if entry.shard else Shard()
-    if shard is None:
-        return f"its description's shard hook cannot run the share {work.outputs}", reads_whole
-    boxes = []
-    for j, (box, window) in enumerate(zip(work.inputs, work.windows)):
-        if box is not None and j in shard.padded:
-            box = tuple(window[a] if a in shard.padded[j] else box[a] for a in range(len(box)))
-        boxes.append(box)
-    attrs = dict(node.attrs)
-    attrs.update({name: format_attr_value(v) for name, v in shard.attrs.items()})
-    attrs = FrozenDict(attrs)
+    run = resolve(entry, node.op, node.attrs, traced, work)
+    if isinstance(run, str):
+        return run, reads_whole
     outputs = tuple(work.outputs) + (None,) * (len(node.outputs) - len(work.outputs))
-    if shard.views is not None:
-        return Share(attrs, tuple(boxes), pads, outputs, work.partial, tuple(key),
-                     views=tuple(shard.views))
-    shapes = tuple(ShardContext.size(b) for b in boxes if b is not None)
-    want = tuple(ShardContext.size(b) for b in work.outputs)
-    got = _inferred_shapes(node.op, attrs, shapes, len(want))
-    if got is None or got[:len(want)] != want:
-        return (f"MXNet computes {got and got[:len(want)]} from inputs {shapes} with "
-                f"{dict(shard.attrs)}, the share needs {want}"), reads_whole
-    return Share(attrs, tuple(boxes), pads, outputs, work.partial, tuple(key), shard.scale)
+    if run.shard.views is not None:
+        return Share(run.attrs, run.inputs, pads, outputs, work.partial, tuple(key),
+                     views=tuple(run.shard.views))
+    return Share(run.attrs, run.inputs, pads, outputs, work.partial, tuple(key), run.shard.scale)
 
 
 def _opaque_share(node, entry: Opaque, in_shapes, out_shapes, levels, factors, part) -> Share:

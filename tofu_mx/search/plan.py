@@ -145,10 +145,12 @@ class Plan:
                          f"(followers merged) -> {c['tied']} choices (RNN steps tied)")
         m = self.memory[0] if self.memory else None
         if m:
-            lines.append(f"  per device: weights {format_bytes(m.weights)}, gradients "
-                         f"{format_bytes(m.gradients)}, optimizer {format_bytes(m.optimizer)}, "
+            lines.append(f"  per device, stored shards: weights {format_bytes(m.weights)}, "
+                         f"gradients {format_bytes(m.gradients)}, optimizer {format_bytes(m.optimizer)}, "
                          f"activations {format_bytes(m.activations)}, aux {format_bytes(m.aux)}, "
                          f"inputs {format_bytes(m.inputs)}: {format_bytes(m.total)}")
+            lines.append("    (not the converted copies a gradient reads: "
+                         "PartitionedSymbol.memory_per_device() counts those)")
         lines.append(f"  opaque operators: {', '.join(self.opaque) if self.opaque else 'none'}")
         lines.append("  tensors (largest first):")
         for t in sorted(self.tensors, key=lambda t: (-t.shard_bytes, t.name))[:max_rows]:

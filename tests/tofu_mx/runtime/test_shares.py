@@ -161,3 +161,14 @@ def test_slice_channel_share_holding_parts_of_pieces(k):
     assert ptd.plan.ops[1].strategies[0] == "split i1"
     assert "SliceChannel" not in {n.op for n in ptd.shard_graph.nodes
                                   if n.name.startswith("gates@")}
+
+
+@pytest.mark.parametrize("k", [4, 8])
+def test_transformer_plans_only_shares_that_run(k):
+    """The fewest-bytes plan used to split a LayerNorm on its normalised axis here, a share
+    no LayerNorm computes, and the operator then ran whole on every device. The search now
+    offers only strategies whose shares run, so the plan is what runs."""
+    sym = models.transformer(2, 32, 4, seq_len=8, vocab=64)
+    ptd, report = partition_and_verify(sym, k, dtypes={},
+                                       **models.input_shapes("transformer", 4, seq_len=8))
+    assert report.ok and not ptd.fallbacks
