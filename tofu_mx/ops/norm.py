@@ -2,9 +2,10 @@
 
 BatchNorm split on the batch axis is *not* offered as a cheap strategy: its output at one
 sample depends on every sample through the batch mean and variance, and the interval analysis
-sees exactly that (a batch split needs the whole input). Per-device statistics would compute a
+sees exactly that (a batch split needs the whole input). No BatchNorm computes such a share, so
+the search does not offer it (:mod:`tofu_mx.tdl.shares`). Per-device statistics would compute a
 different function, so synchronised statistics are left to a later strategy. Splitting the
-channel axis is exact and cheap.
+channel axis is exact and cheap. LayerNorm, likewise, is not split on its normalised axis.
 """
 from tofu_mx.tdl import Sum, depends, lam, op, rsqrt
 

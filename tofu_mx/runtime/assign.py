@@ -50,9 +50,6 @@ class OpAssignment:
     shares: tuple[Share, ...]            # one per device
     fallback: str | None = None          # why the operator runs whole on every device
     loss: bool = False                   # its gradient ignores the head's: one share per box
-    # The planned shares read their inputs whole anyway (a BatchNorm split on the batch):
-    # running whole moves the bytes the plan counted, and only repeats computation.
-    same_bytes: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,11 +61,6 @@ class Assignment:
     @property
     def fallbacks(self) -> dict[int, str]:
         return {i: a.fallback for i, a in self.ops.items() if a.fallback}
-
-    @property
-    def costly_fallbacks(self) -> dict[int, str]:
-        """Fallbacks that move more bytes than the plan counted."""
-        return {i: a.fallback for i, a in self.ops.items() if a.fallback and not a.same_bytes}
 
 
 def device_parts(num_devices: int, factors: Sequence[int]) -> list[tuple[int, ...]]:
@@ -138,13 +130,12 @@ def _parse(strategy: str) -> tuple[str, str]:
     return verb, var
 
 
-def _whole_op(graph: Graph, i: int, k: int, reason: str | None, loss: bool,
-              same_bytes: bool = False) -> OpAssignment:
+def _whole_op(graph: Graph, i: int, k: int, reason: str | None, loss: bool) -> OpAssignment:
     node = graph.nodes[i]
     ins = tuple(whole(graph.tensor(e).shape) for e in node.inputs)
     outs = tuple(whole(t.shape) for t in node.outputs)
     share = Share(node.attrs, ins, (None,) * len(ins), outs, None, ())
-    return OpAssignment(tuple(share for _ in range(k)), reason, loss, same_bytes)
+    return OpAssignment(tuple(share for _ in range(k)), reason, loss)
 
 
 def _assign_op(graph: Graph, i: int, strategies: Sequence[str], factors: Sequence[int],
@@ -169,8 +160,7 @@ def _assign_op(graph: Graph, i: int, strategies: Sequence[str], factors: Sequenc
     for p in parts:
         share = _described_share(node, entry, traced, pads, levels, factors, p)
         if isinstance(share, tuple):
-            reason, reads_whole = share
-            return _whole_op(graph, i, k, reason, loss, reads_whole)
+            return _whole_op(graph, i, k, share, loss)
         shares.append(share)
     return OpAssignment(tuple(shares), None, loss)
 
@@ -195,11 +185,9 @@ def _described_share(node, entry: Description, traced, pads, levels, factors,
         else:
             key.append(q)
     work = work_regions(traced, ranges, reduced, not_first)
-    in_shapes = tuple(r.shape for r in traced.inputs)
-    reads_whole = all(b is None or b == whole(s) for b, s in zip(work.inputs, in_shapes))
     run = resolve(entry, node.op, node.attrs, traced, work)
     if isinstance(run, str):
-        return run, reads_whole
+        return run
     outputs = tuple(work.outputs) + (None,) * (len(node.outputs) - len(work.outputs))
     if run.shard.views is not None:
         return Share(run.attrs, run.inputs, pads, outputs, work.partial, tuple(key),

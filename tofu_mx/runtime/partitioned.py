@@ -367,11 +367,11 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
     result = rewrite(graph, assignment, ordered)
     ptd = PartitionedSymbol(symbol, graph, plan, assignment, result, list(contexts))
     _check_rewrite(ptd)
-    costly = [ptd.graph.nodes[i].name for i in assignment.costly_fallbacks]
-    if costly:
-        warnings.warn(f"{len(costly)} operator(s) run whole on every device instead of as "
+    whole = [ptd.graph.nodes[i].name for i in assignment.fallbacks]
+    if whole:
+        warnings.warn(f"{len(whole)} operator(s) run whole on every device instead of as "
                       f"planned, moving more bytes than the plan counted (see "
-                      f"PartitionedSymbol.fallbacks): {', '.join(costly[:5])}",
+                      f"PartitionedSymbol.fallbacks): {', '.join(whole[:5])}",
                       RuntimeWarning, stacklevel=2)
     return ptd
 

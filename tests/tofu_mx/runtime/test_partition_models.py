@@ -45,6 +45,7 @@ def test_model_zoo(name, k):
                                        softmax_label=(b,))
     assert report.ok and len(report.comparisons) > 10
     assert len(ptd.group2ctx) == k
+    assert not ptd.fallbacks    # every operator runs as planned
 
 
 BUILDERS = {
@@ -65,6 +66,6 @@ def test_builders(name, k):
     # float32, where their sums are short enough to agree within the tolerance.
     dtypes = {"data": "float64", "softmax_label": "float64"} if name == "wresnet" else {}
     ptd, report = partition_and_verify(sym, k, dtypes=dtypes, **shapes)
-    assert report.ok
+    assert report.ok and not ptd.fallbacks
     if k == 1:   # one device: the original graph, names and all
         assert sorted(ptd.symbol.list_arguments()) == sorted(sym.list_arguments())
