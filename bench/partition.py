@@ -14,7 +14,9 @@
     against the unpartitioned graph on cpu(0), measured side by side in one run (each round
     runs every executor once; medians of 31 rounds). Also the time with groups on
     cpu(0..k-1): each CPU device has its own engine thread on the same 2 cores, so this is
-    NOT a model of GPU communication.
+    NOT a model of GPU communication. Two sizes of each model: k shares of an operator pay
+    its fixed cost per call k times (plus the conversions' calls), which weighs on small
+    operators; the operator-node counts show how many calls each graph makes.
 (c) cross-device copies: tensors crossing ctx groups in the rewritten forward graph (count,
     bytes; the backward pass mirrors them) against the plan's predicted bytes.
 (d) memory order: the same plan rewritten without and with Tofu's control dependencies
@@ -24,6 +26,7 @@ Prints markdown tables; writes bench/out/partition.md.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import statistics
@@ -131,6 +134,10 @@ def memory_rows(cases, bound: bool, weights=(0.0, 16.0)):
     return rows
 
 
+def operator_nodes(sym) -> int:
+    return sum(n["op"] != "null" for n in json.loads(sym.tojson())["nodes"])
+
+
 def overhead_rows(cases, repeats: int):
     rows = []
     for label, sym, shapes in cases:
@@ -138,9 +145,10 @@ def overhead_rows(cases, repeats: int):
         req = {n: "write" if n in params else "null" for n in sym.list_arguments()}
         ref = sym.simple_bind(mx.cpu(0), grad_req=req, **shapes)
         fill(ref)
-        exes = [ref]
+        exes, nodes = [ref], [operator_nodes(sym)]
         for k in (2, 4):
             ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
+            nodes.append(operator_nodes(ptd.symbol))
             shard_req = {s.name: req[s.source] for s in ptd.shards if s.kind != "aux"}
             one = ptd.symbol.simple_bind(mx.cpu(0), grad_req=shard_req,
                                          group2ctx={g: mx.cpu(0) for g in ptd.group2ctx},
@@ -150,7 +158,8 @@ def overhead_rows(cases, repeats: int):
             fill(many)
             exes += [one, many]
         base, *others = step_times(exes, repeats)
-        row = [label, f"{base * 1e3:.1f}"] + [f"{t / base:.2f}" for t in others]
+        row = [label, " / ".join(map(str, nodes)), f"{base * 1e3:.1f}"] + \
+            [f"{t / base:.2f}" for t in others]
         rows.append(row)
         print(" | ".join(map(str, row)), flush=True)
     return rows
@@ -214,16 +223,21 @@ def main():
     over_cases = [
         ("WResNet-14-W1, batch 8, 32px", models.wresnet(14, 1, 10),
          models.input_shapes("wresnet", 8, image_size=32)),
+        ("WResNet-14-W2, batch 16, 32px", models.wresnet(14, 2, 10),
+         models.input_shapes("wresnet", 16, image_size=32)),
         ("LSTM-2x256, batch 16, 5 steps", models.rnn(2, 256, 5, 1000),
          models.input_shapes("rnn", 16, seq_len=5)),
+        ("LSTM-2x1024, batch 32, 5 steps", models.rnn(2, 1024, 5, 1000),
+         models.input_shapes("rnn", 32, seq_len=5)),
     ]
     over = overhead_rows(over_cases, 5 if quick else 31)
     print("\n## (d) memory order: Tofu's control dependencies")
     order = order_rows(bound_cases, 3 if quick else 7)
     text = ["# bench/partition.py results", "", "## (a, c) memory and cross-device bytes", "",
             table(head, mem), "", "## (b) overhead (ratios to the unpartitioned graph on cpu(0))",
-            "", table(["model", "unpartitioned ms", "k=2 all on cpu(0)", "k=2 on cpu(0..1)",
-                       "k=4 all on cpu(0)", "k=4 on cpu(0..3)"], over), "",
+            "", table(["model", "operator nodes (1 / k=2 / k=4)", "unpartitioned ms",
+                       "k=2 all on cpu(0)", "k=2 on cpu(0..1)", "k=4 all on cpu(0)",
+                       "k=4 on cpu(0..3)"], over), "",
             "cpu(0..k-1) timings share 2 cores and one process: not a model of GPUs.", "",
             "## (d) memory order: the same plan without and with Tofu's control dependencies",
             "", table(["model", "k", "MXNet planned MB", "planned MB, ordered",
