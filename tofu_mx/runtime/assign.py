@@ -159,7 +159,7 @@ def _assign_op(graph: Graph, i: int, strategies: Sequence[str], factors: Sequenc
     shares = []
     for p in parts:
         share = _described_share(node, entry, traced, pads, levels, factors, p)
-        if isinstance(share, tuple):
+        if isinstance(share, str):
             return _whole_op(graph, i, k, share, loss)
         shares.append(share)
     return OpAssignment(tuple(shares), None, loss)

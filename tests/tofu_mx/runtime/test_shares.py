@@ -2,6 +2,7 @@
 and pooling split on a spatial axis (halos, one-sided padding made explicit), partial sums
 (FullyConnected/conv over their inputs, a mean's rescaling, global pooling), Concat split
 along its own axis, slices and reshapes, a loss head computed once."""
+import dataclasses
 import json
 
 import mxnet as mx
@@ -172,3 +173,27 @@ def test_transformer_plans_only_shares_that_run(k):
     ptd, report = partition_and_verify(sym, k, dtypes={},
                                        **models.input_shapes("transformer", 4, seq_len=8))
     assert report.ok and not ptd.fallbacks
+
+
+def test_a_share_that_cannot_run_makes_the_operator_run_whole():
+    """The search no longer plans a LayerNorm split on its normalised axis; a plan that does
+    (edited by hand) still gives the right result: the operator runs whole on every device,
+    is listed in ``fallbacks`` and warned about."""
+    data = mx.sym.var("data")
+    ln = mx.sym.LayerNorm(mx.sym.FullyConnected(data, num_hidden=8, name="fc"), name="ln")
+    sym = mx.sym.MakeLoss(mx.sym.sum(ln * ln), name="loss")
+    shapes = {"data": (4, 6)}
+    graph = import_symbol(sym, dtypes={"data": "float64"}, **shapes)
+    plan = plan_graph(graph, 2)
+    ops = tuple(dataclasses.replace(o, strategies=("split i1",)) if o.name == "ln" else o
+                for o in plan.ops)
+    tensors = tuple(dataclasses.replace(t, layouts=("split(1)",), shard=(4, 4))
+                    if t.name == "ln:0" else t for t in plan.tensors)
+    edited = dataclasses.replace(plan, ops=ops, tensors=tensors)
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    with pytest.warns(RuntimeWarning, match="1 operator.* run whole on every device.*ln"):
+        ptd = apply_plan(sym, graph, edited, ctx)
+    assert list(ptd.fallbacks) == ["ln"] and "MXNet computes" in ptd.fallbacks["ln"]
+    report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes={"data": "float64"},
+                            **shapes)
+    assert report.ok
