@@ -146,7 +146,8 @@ class Plan:
         m = self.memory[0] if self.memory else None
         if m:
             lines.append(f"  per device, stored shards: weights {format_bytes(m.weights)}, "
-                         f"gradients {format_bytes(m.gradients)}, optimizer {format_bytes(m.optimizer)}, "
+                         f"gradients {format_bytes(m.gradients)}, "
+                         f"optimizer {format_bytes(m.optimizer)}, "
                          f"activations {format_bytes(m.activations)}, aux {format_bytes(m.aux)}, "
                          f"inputs {format_bytes(m.inputs)}: {format_bytes(m.total)}")
             lines.append("    (not the converted copies a gradient reads: "
