@@ -3,7 +3,7 @@
     python bench/partition.py [--quick] [--no-big]
 
 ``--quick``: no k=8 plan-level rows, few repeats; ``--no-big``: no k=8 rows (they take about
-20 GB of RAM and most of the run).
+10 GB of RAM).
 
 (a) memory: ``memory_per_device()`` (weights, gradients, aux, inputs, and the activations some
     gradient node reads, from MXNet's own gradient graphs), for the plan moving the fewest

@@ -1,18 +1,21 @@
 """Search benchmark: time and bytes of plans, optimality gap against the ILP, bytes against
 the baselines, DP state width on the model zoo.
 
-    python bench/search.py            # everything (about 15-25 minutes on 2 cores)
+    python bench/search.py            # everything (about 5 minutes on 2 cores)
     python bench/search.py --quick    # a smaller sweep
 
 Prints markdown tables and writes them to bench/out/search.md (the run quoted in README is
 kept in bench/results/search.md). Timings are wall-clock seconds
-of plan_graph() (import excluded), measured here, one run each. Batches are 48, so that
+of plan_graph() (import excluded), measured here, one run each; each paper model is planned
+in a fresh process. Batches are 48, so that
 every device count tried (2, 3, 4, 6, 8) divides them.
 """
 import argparse
+import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -56,6 +59,49 @@ def table(header, rows):
     return "\n".join(lines)
 
 
+def isolated(fn, *args):
+    """``fn(*args)`` in a fresh process: memory MXNet and the allocator keep after planning
+    one paper-size model (a few hundred MB each, not returned) would otherwise add up over the
+    sweep past this machine's 24 GiB."""
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def paper_model_rows(quick, i):
+    name, sym, shapes = list(paper_models(quick))[i]
+    graph = import_symbol(sym, **shapes)
+    rows, base_rows = [], []
+    for k in DEVICES:
+        start = time.perf_counter()
+        p = plan_graph(graph, k)
+        seconds = time.perf_counter() - start
+        rows.append((name, k, "x".join(map(str, p.factors)), f"{seconds:.2f}",
+                     format_bytes(p.total_bytes), max(lv.max_states for lv in p.levels)))
+        if k in (2, 8, 6):
+            bases = {pol: baseline_plan(graph, k, pol).total_bytes for pol in POLICIES}
+            best_base = min(bases.values())
+            base_rows.append((name, k, format_bytes(p.total_bytes),
+                              *(format_bytes(bases[pol]) for pol in POLICIES),
+                              f"{bases['data_parallel'] / max(p.total_bytes, 1):.2f}x",
+                              "yes" if p.total_bytes <= best_base + 1e-6 else "NO"))
+    return rows, base_rows
+
+
+def gap_rows_of(quick, i):
+    name, sym, shapes = list(paper_models(quick))[i]
+    graph = import_symbol(sym, **shapes)
+    rows = []
+    for parts in (2, 3):
+        problem = Cut(graph, View.of(graph), parts).problem()
+        dp = solve_dp(problem)
+        ilp, seconds, status = solve_ilp(problem, time_limit=60)
+        gap = "-" if ilp is None else f"{100 * (dp.cost - ilp.cost) / max(ilp.cost, 1):.3f}%"
+        rows.append((name, parts, len(problem.names), format_bytes(dp.cost), status,
+                     f"{seconds:.1f}", gap))
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -63,23 +109,12 @@ def main():
     out = []
 
     # 1. paper models: time, bytes, and the baselines, at every k
-    rows, base_rows = [], []
     configs = list(paper_models(args.quick))
-    for name, sym, shapes in tqdm(configs, desc="paper models"):
-        graph = import_symbol(sym, **shapes)
-        for k in DEVICES:
-            start = time.perf_counter()
-            p = plan_graph(graph, k)
-            seconds = time.perf_counter() - start
-            rows.append((name, k, "x".join(map(str, p.factors)), f"{seconds:.2f}",
-                         format_bytes(p.total_bytes), max(lv.max_states for lv in p.levels)))
-            if k in (2, 8, 6):
-                bases = {pol: baseline_plan(graph, k, pol).total_bytes for pol in POLICIES}
-                best_base = min(bases.values())
-                base_rows.append((name, k, format_bytes(p.total_bytes),
-                                  *(format_bytes(bases[pol]) for pol in POLICIES),
-                                  f"{bases['data_parallel'] / max(p.total_bytes, 1):.2f}x",
-                                  "yes" if p.total_bytes <= best_base + 1e-6 else "NO"))
+    rows, base_rows = [], []
+    for i in tqdm(range(len(configs)), desc="paper models"):
+        found, bases = isolated(paper_model_rows, args.quick, i)
+        rows += found
+        base_rows += bases
     out.append("### Search time and bytes per training step\n\n" + table(
         ["model", "k", "cuts", "search s", "bytes moved", "largest DP state"], rows))
     out.append("### Against the baselines (same cost model)\n\n" + table(
@@ -89,15 +124,8 @@ def main():
 
     # 2. optimality gap: the DP against CBC on the first cut's problem
     gap_rows = []
-    for name, sym, shapes in tqdm(configs, desc="gap vs ILP"):
-        graph = import_symbol(sym, **shapes)
-        for parts in (2, 3):
-            problem = Cut(graph, View.of(graph), parts).problem()
-            dp = solve_dp(problem)
-            ilp, seconds, status = solve_ilp(problem, time_limit=60)
-            gap = "-" if ilp is None else f"{100 * (dp.cost - ilp.cost) / max(ilp.cost, 1):.3f}%"
-            gap_rows.append((name, parts, len(problem.names), format_bytes(dp.cost), status,
-                             f"{seconds:.1f}", gap))
+    for i in tqdm(range(len(configs)), desc="gap vs ILP"):
+        gap_rows += isolated(gap_rows_of, args.quick, i)
     out.append("### Optimality gap of the DP (first cut, CBC with a 60 s limit)\n\n" + table(
         ["model", "parts", "search nodes", "DP bytes", "ILP status", "ILP s", "gap"], gap_rows))
     print(out[-1], flush=True)
