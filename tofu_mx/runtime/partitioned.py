@@ -105,11 +105,12 @@ class PartitionedSymbol:
     def split_arrays(self, arrays: Mapping[str, Any], kinds: Sequence[str] | None = None
                      ) -> dict[str, np.ndarray]:
         """Whole arrays (by original name) -> shard arrays (NumPy, by shard name)."""
-        out = {}
+        out, wholes = {}, {}
         for s in self.shards:
             if (kinds is None or s.kind in kinds) and s.source in arrays:
-                whole = _numpy(arrays[s.source])
-                out[s.name] = np.ascontiguousarray(whole[_slices(s.box)])
+                if s.source not in wholes:    # one host copy per array, however many shards
+                    wholes[s.source] = _numpy(arrays[s.source])
+                out[s.name] = np.ascontiguousarray(wholes[s.source][_slices(s.box)])
         return out
 
     def merge_arrays(self, shards: Mapping[str, Any], kinds: Sequence[str] | None = None
@@ -164,7 +165,7 @@ class PartitionedSymbol:
             for n in names:
                 if n in given:
                     want = self.graph.node(n).outputs[0].shape
-                    got = tuple(_numpy(given[n]).shape)
+                    got = tuple(np.shape(given[n]))     # no host copy of an NDArray
                     if got != want:
                         problems.append(f"{kind} {n} has shape {got}, the symbol needs {want}")
         if problems:
