@@ -17,8 +17,6 @@ its output's gradient, wherever MXNet happened to place that.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from dataclasses import dataclass
 from typing import Mapping
@@ -26,7 +24,7 @@ from typing import Mapping
 import mxnet as mx
 import numpy as np
 
-from nnvm_passes.ir import Graph, Node
+from nnvm_passes.ir import FrozenDict, Graph, Node
 
 _REF = re.compile(r"^\s*arg\[(\d+)\]=(.+)\((\d+)\)")
 _OP = re.compile(r"^Op:(\S+), Name=(.+)$", re.M)
@@ -73,15 +71,15 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int)
     from tofu_mx.tdl.registry import single_op_symbol
 
     n = len(shapes)
+    floating = [np.issubdtype(np.dtype(t), np.floating) for t in dtypes]
+    if not any(floating):
+        return _Gradient(frozenset(), frozenset(), False)
     # the upper bound when MXNet cannot tell: reads everything, may pass through
     everything = _Gradient(frozenset(range(n)), frozenset(range(n_outputs)), True)
     sym = single_op_symbol(op, dict(attrs), n, n_outputs)
-    floating = [np.issubdtype(np.dtype(t), np.floating) for t in dtypes]
     req = {f"in{i}": "write" if f else "null" for i, f in enumerate(floating)}
-    if not any(floating):
-        return _Gradient(frozenset(), frozenset(), False)
     types = {f"in{i}": t for i, t in enumerate(dtypes)}
-    shapes = _small_shapes(sym, shapes, types)
+    shapes = _small_shapes(op, attrs, n_outputs, shapes, types)
     if shapes is None:   # too big to bind and no smaller batch fits: an upper bound
         return everything
     try:
@@ -123,23 +121,24 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int)
 _BIND_LIMIT, _SMALL_LIMIT = 256 << 20, 2 << 30
 
 
-def _small_shapes(sym, shapes: tuple, types: dict) -> tuple | None:
+def _small_shapes(op: str, attrs: tuple, n_outputs: int, shapes: tuple,
+                  types: dict) -> tuple | None:
     """Shapes to bind the operator with: the graph's when small, else the same with the
     leading (batch) axis cut to 1 on every input that shares the first input's leading size,
     when MXNet accepts that; None when neither fits. The gradient's structure does not
     depend on shapes."""
+    from tofu_mx.tdl.shares import inferred_shapes
+
     def nbytes(ss):
         return sum(int(np.prod(x)) * np.dtype(t).itemsize for x, t in zip(ss, types.values()))
     if nbytes(shapes) <= _BIND_LIMIT:
         return shapes
     lead = shapes[0][0] if shapes and shapes[0] else None
     small = tuple((1,) + tuple(x[1:]) if x and x[0] == lead else x for x in shapes)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):   # MXNet prints failed inferences
-            _, out, _ = sym.infer_shape(**{f"in{i}": x for i, x in enumerate(small)})
-    except mx.base.MXNetError:
+    if nbytes(small) > _SMALL_LIMIT or \
+            inferred_shapes(op, FrozenDict(attrs), small, n_outputs) is None:
         return None
-    return small if out is not None and nbytes(small) <= _SMALL_LIMIT else None
+    return small
 
 
 def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool]

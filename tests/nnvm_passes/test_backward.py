@@ -84,3 +84,21 @@ def test_add_n_passes_gradient_through():
     g = import_symbol(mx.sym.add_n(a, b, name="sum") * a, a=(2, 3), b=(2, 3))
     assert passes_gradient_through(g.node("sum"), g)
     assert not passes_gradient_through(g.nodes[-1], g)     # elemwise_mul: _backward_mul
+
+
+def test_inputs_too_big_to_bind_are_bound_with_a_batch_of_one():
+    """A convolution over 48 x 64 x 224 x 224 floats (590 MB, over the 256 MB bound) is bound
+    with batch 1, and reads what the small one reads; one whose batch-1 input alone is over
+    2 GB gives the upper bound (everything read)."""
+    from nnvm_passes.backward import _small_shapes
+    attrs = (("kernel", "(3, 3)"), ("num_filter", "4"), ("pad", "(1, 1)"))
+    types = {"in0": "float32", "in1": "float32", "in2": "float32"}
+    big = ((48, 64, 224, 224), (4, 64, 3, 3), (4,))
+    assert _small_shapes("Convolution", attrs, 1, big, types) == \
+        ((1, 64, 224, 224), (4, 64, 3, 3), (4,))
+    small = ((2, 64, 8, 8), (4, 64, 3, 3), (4,))
+    assert _small_shapes("Convolution", attrs, 1, small, types) == small
+    huge = ((2, 9000, 256, 256), (4, 9000, 3, 3), (4,))     # 2.4 GB at batch 1
+    assert _small_shapes("Convolution", attrs, 1, huge, types) is None
+    bad = ((48, 64, 224, 224), (4, 32, 3, 3), (4,))          # MXNet refuses the shapes
+    assert _small_shapes("Convolution", attrs, 1, bad, types) is None
