@@ -21,7 +21,7 @@ from tofu_mx.tdl.lang import (Max, Min, Sum, TDLError, absolute, depends, erf, e
 from tofu_mx.tdl.registry import (Attrs, Description, Opaque, Shard, ShardContext, lookup, op,
                                   opaque, registered)
 
-__all__ = ["Attrs", "Description", "Max", "Min", "Opaque", "Shard", "ShardContext", "Sum", "TDLError", "absolute",
-           "depends", "erf", "exp", "expm1", "floor", "greater", "in_range", "index", "lam", "less",
+__all__ = ["Attrs", "Description", "Max", "Min", "Opaque", "Shard", "ShardContext", "Sum",
+           "TDLError", "absolute", "depends", "erf", "exp", "expm1", "floor", "greater", "in_range", "index", "lam", "less",
            "log", "log1p", "lookup", "maximum", "minimum", "op", "opaque", "registered", "relu",
            "rsqrt", "sigmoid", "sign", "softrelu", "softsign", "sqrt", "square", "tanh", "where"]

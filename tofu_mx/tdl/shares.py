@@ -7,7 +7,7 @@ MXNet, given the share's input shapes and those attributes, infers the share's o
 Splitting the normalised axis of LayerNorm's output, say, reads whole rows but only a slice of
 ``gamma``: the analysis is right, but no LayerNorm computes that share.
 
-Used by the search (strategies none of whose shares can run are not offered) and by
+Used by the search (a strategy any share of which cannot run is not offered) and by
 :mod:`tofu_mx.runtime.assign` (which then runs the operator whole where a share cannot run).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import mxnet as mx
 
 from nnvm_passes.ir import FrozenDict, format_attr_value
-from tofu_mx.tdl.analysis import Strategy, Work, work_regions
+from tofu_mx.tdl.analysis import Strategy, Work, _part, work_regions
 from tofu_mx.tdl.lang import TDLError
 from tofu_mx.tdl.registry import (Attrs, Description, Shard, ShardContext, Traced,
                                   single_op_symbol)
@@ -88,8 +88,7 @@ def runs_as_operator(entry: Description, op: str, attrs: FrozenDict, traced: Tra
     taken as yes: assign checks the composed share again and runs the operator whole if it
     cannot run."""
     for p in range(strategy.parts):
-        size = traced.extents[strategy.var] // strategy.parts
-        ranges = {strategy.var: (p * size, (p + 1) * size - 1)}
+        ranges = {strategy.var: _part(traced.extents[strategy.var], strategy.parts, p)}
         reduced = [strategy.var] if strategy.kind == "reduce" else []
         try:
             work = work_regions(traced, ranges, reduced, reduced if p else [])
