@@ -91,13 +91,17 @@ class _Rewrite:
         return name
 
     def add(self, op: str, base: str, attrs: Mapping[str, str], inputs, device: int,
-            role: str) -> int:
+            role: str | None) -> int:
+        """Emit a node in ``device``'s group; ``role`` names it in :attr:`counts` (None: not
+        counted, as variables, which :attr:`shards` lists)."""
         attrs = {**{k: v if isinstance(v, str) else format_attr_value(v)
-                    for k, v in attrs.items()}, "__ctx_group__": group_name(device)}
+                    for k, v in attrs.items() if k != "__ctx_group__"},
+                 "__ctx_group__": group_name(device)}
         self.nodes.append({"op": op, "name": self._name(base), "attrs": attrs,
                            "inputs": [[n, i, 0] for n, i in inputs]})
         self.device.append(device)
-        self.counts[role] = self.counts.get(role, 0) + 1
+        if role is not None:
+            self.counts[role] = self.counts.get(role, 0) + 1
         return len(self.nodes) - 1
 
     def suffix(self, device: int) -> str:
@@ -118,14 +122,10 @@ class _Rewrite:
         key = ("var", i, box, device)
         if key not in self.memo:
             node = self.g.nodes[i]
-            name = self._name(node.name + self.suffix(device))
-            attrs = {k: v for k, v in node.attrs.items() if k != "__ctx_group__"}
-            attrs["__ctx_group__"] = group_name(device)
-            self.nodes.append({"op": "null", "name": name, "attrs": attrs, "inputs": []})
-            self.device.append(device)
-            self.shards.append(VarShard(name, node.name, node.kind, device, box,
-                                        node.outputs[0].dtype))
-            self.memo[key] = (len(self.nodes) - 1, 0)
+            nid = self.add("null", node.name + self.suffix(device), node.attrs, [], device, None)
+            self.shards.append(VarShard(self.nodes[nid]["name"], node.name, node.kind, device,
+                                        box, node.outputs[0].dtype))
+            self.memo[key] = (nid, 0)
         return self.memo[key]
 
     def send(self, sym: Sym, d: int) -> Sym:
@@ -175,8 +175,7 @@ class _Rewrite:
                 inputs.append(self.variable(entry.node, box, d))
             else:
                 inputs.append(self.region((entry.node, entry.index), box, d, share.pads[j]))
-        attrs = {k: v for k, v in share.attrs.items() if k != "__ctx_group__"}
-        nid = self.add(node.op, node.name + self.suffix(d), attrs, inputs, d, "operator")
+        nid = self.add(node.op, node.name + self.suffix(d), share.attrs, inputs, d, "operator")
         self.origin[nid] = i
         outs = [(nid, j) for j in range(len(node.outputs))]
         if share.scale is not None and share.scale != 1.0:
