@@ -8,27 +8,20 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import mxnet as mx
 import numpy as np
 
-from nnvm_passes.ir import Entry, FrozenDict, Graph, Node, TensorInfo
+from nnvm_passes.ir import (Entry, FrozenDict, Graph, Node, TensorInfo, is_hidden_attr,
+                            parse_attr_value)
 from tofu_mx.errors import (InvalidArgumentError, NotASymbolError, ShapeInferenceError,
                             UnknownInputError)
 
-#: Operators that read a label, and the input position of that label. A variable read there
-#: is classified as ``"label"``.
-LABEL_INPUTS: Mapping[str, int] = {
-    "SoftmaxOutput": 1,
-    "LinearRegressionOutput": 1,
-    "LogisticRegressionOutput": 1,
-    "MAERegressionOutput": 1,
-    "SVMOutput": 1,
-    "softmax_cross_entropy": 1,
-    "CTCLoss": 1,
-    "_contrib_CTCLoss": 1,
-}
+#: ``(op, parsed attributes) -> input positions that are labels``: how the importer learns
+#: which variables are labels (the operator descriptions declare it; see tofu_mx.tdl).
+LabelInputs = Callable[[str, Mapping[str, Any]], Sequence[int]]
+
 
 _JSON_NODE_KEYS = ("op", "name", "attrs", "inputs")
 
@@ -129,13 +122,18 @@ def _fmt(values: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in values.items()) or "no inputs"
 
 
-def _classify(js: dict, aux: set[str], data_names: set[str]) -> dict[int, str]:
+def _classify(js: dict, aux: set[str], data_names: set[str],
+              label_inputs: LabelInputs | None) -> dict[int, str]:
     """Kind of every variable node: aux state, label, data or parameter."""
     labels: set[int] = set()
     for node in js["nodes"]:
-        pos = LABEL_INPUTS.get(node["op"])
-        if pos is not None and pos < len(node["inputs"]):
-            labels.add(node["inputs"][pos][0])
+        if node["op"] == "null" or label_inputs is None:
+            continue
+        params = {k: parse_attr_value(v) for k, v in node.get("attrs", {}).items()
+                  if not is_hidden_attr(k)}
+        for pos in label_inputs(node["op"], params):
+            if pos < len(node["inputs"]):
+                labels.add(node["inputs"][pos][0])
     kinds = {}
     for i, node in enumerate(js["nodes"]):
         if node["op"] != "null":
@@ -153,13 +151,14 @@ def _classify(js: dict, aux: set[str], data_names: set[str]) -> dict[int, str]:
 
 
 def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = None,
-                  data_names: list[str] | None = None, **shapes: Any) -> Graph:
+                  data_names: list[str] | None = None, label_inputs: LabelInputs | None = None,
+                  **shapes: Any) -> Graph:
     """Import ``symbol`` with the given input shapes into a :class:`~nnvm_passes.ir.Graph`.
 
     ``shapes`` use ``simple_bind``'s keyword form (``data=(32, 3, 224, 224)``); ``dtypes``
     maps input names to dtypes (float32 where not given). Variables are classified as
-    ``aux`` (auxiliary states), ``label`` (read as the label of a loss operator, or named
-    ``*label``), ``data`` (named in ``data_names``; by default, every input whose shape is
+    ``aux`` (auxiliary states), ``label`` (read where ``label_inputs(op, attrs)`` says an
+    operator reads a label, or named ``*label``), ``data`` (named in ``data_names``; by default, every input whose shape is
     given) and ``param`` (everything else). The caller's symbol is not modified.
     """
     check_symbol(symbol)
@@ -178,7 +177,8 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
     everything = all_entries_symbol(js)
     out_shapes = _infer_shapes(everything, shapes, arg_names, aux_names)
     out_types = _infer_dtypes(everything, type_dict)
-    kinds = _classify(js, set(aux_names), set(shapes if data_names is None else data_names))
+    kinds = _classify(js, set(aux_names), set(shapes if data_names is None else data_names),
+                      label_inputs)
 
     nodes, row = [], 0
     row_ptr = js["node_row_ptr"]

@@ -11,10 +11,10 @@ import sys
 
 import mxnet as mx
 
-from nnvm_passes.importer import import_symbol
 from tofu_mx import models
 from tofu_mx.errors import InvalidArgumentError, TofuError
 from tofu_mx.summary import summarize
+from tofu_mx.tdl.annotate import import_graph
 
 
 def _shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             _plan(args, symbol, shapes)
         else:
-            print(summarize(import_symbol(symbol, **shapes)))
+            print(summarize(import_graph(symbol, **shapes)))
     except TofuError as e:
         print(f"tofu-mx: error: {e}", file=sys.stderr)
         return 2

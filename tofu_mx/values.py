@@ -2,53 +2,18 @@
 
 Most inputs get floats; an input that an operator reads as an index (Embedding's tokens, a
 loss's class labels, SequenceMask's lengths) gets integers in that operator's range. The
-ranges are declared in :data:`INDEX_INPUTS`, found by following the variable through
-shape-only operators (a label reshaped before the loss, say).
+ranges are declared with each operator's description (``@tdl.op(..., index_inputs=...)``),
+found by following the variable through operators that only move values (a label reshaped
+before the loss, say).
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 
-from nnvm_passes.ir import Graph, Node
-
-# (operator node, graph) -> (low, high): integers in [low, high) for that input position.
-_Range = Callable[[Node, Graph], tuple[int, int]]
-
-
-def _classes(axis_of: Callable[[Node], int]) -> _Range:
-    def classes(node: Node, graph: Graph) -> tuple[int, int]:
-        shape = graph.tensor(node.inputs[0]).shape
-        return 0, shape[axis_of(node)]
-    return classes
-
-
-def _softmax_output_axis(node: Node) -> int:
-    return 1 if node.params.get("multi_output") else -1
-
-
-def _sequence_lengths(node: Node, graph: Graph) -> tuple[int, int]:
-    return 1, graph.tensor(node.inputs[0]).shape[node.params.get("axis", 0)] + 1
-
-
-#: Operator -> {input position: its integer range}.
-INDEX_INPUTS: Mapping[str, Mapping[int, _Range]] = {
-    "Embedding": {0: lambda n, g: (0, n.params["input_dim"])},
-    "SoftmaxOutput": {1: _classes(_softmax_output_axis)},
-    "softmax_cross_entropy": {1: _classes(lambda n: -1)},
-    "pick": {1: _classes(lambda n: n.params.get("axis", -1))},
-    "take": {1: _classes(lambda n: n.params.get("axis", 0))},
-    "one_hot": {0: lambda n, g: (0, n.params["depth"])},
-    "SequenceMask": {1: _sequence_lengths},
-    "SequenceLast": {1: _sequence_lengths},
-    "SequenceReverse": {1: _sequence_lengths},
-}
-
-#: Operators that only move or relabel values: an index passes through them unchanged.
-SHAPE_ONLY = frozenset({"Reshape", "reshape", "Flatten", "flatten", "transpose", "expand_dims",
-                        "squeeze", "Cast", "cast", "_copy", "identity", "BlockGrad",
-                        "stop_gradient", "SwapAxis", "swapaxes"})
+from nnvm_passes.ir import Graph
+from tofu_mx.tdl.registry import Attrs, facts, moves_values
 
 
 def index_range(graph: Graph, var_index: int,
@@ -64,10 +29,13 @@ def index_range(graph: Graph, var_index: int,
         seen.add(i)
         for ci, pos in consumers[i]:
             node = graph.nodes[ci]
-            rule = INDEX_INPUTS.get(node.op, {}).get(pos)
+            in_shapes = tuple(graph.tensor(e).shape for e in node.inputs)
+            rule = facts(node.op, node.params).index_inputs.get(pos)
             if rule is not None:
-                return rule(node, graph)
-            if node.op in SHAPE_ONLY:
+                low, high = rule(Attrs(node.attrs), in_shapes)
+                return int(low), int(high)
+            if pos == 0 and moves_values(node.op, node.attrs, in_shapes,
+                                         [t.shape for t in node.outputs]):
                 frontier.append(ci)
     return None
 

@@ -10,12 +10,14 @@ import mxnet as mx
 import numpy as np
 
 from nnvm_passes.exporter import export_symbol
-from nnvm_passes.importer import check_symbol, import_symbol
+from nnvm_passes.importer import check_symbol
 from nnvm_passes.ir import Graph
 from nnvm_passes.transforms import disable_dropout
 from tofu_mx.devices import (check_contexts, no_subgraph_backend, resolve_group2ctx,
                              warn_if_mkldnn_across_cpus)
 from tofu_mx.errors import BindError, InvalidArgumentError, VerificationError
+from tofu_mx.tdl.annotate import import_graph
+from tofu_mx.tdl.registry import facts
 from tofu_mx.values import index_range, random_inputs
 
 
@@ -245,13 +247,15 @@ def verify(reference: mx.sym.Symbol, candidate: Any, ctx: Sequence[mx.Context],
     sharded = candidate if hasattr(candidate, "split_arrays") else None
     candidate, group2ctx = _unpack_candidate(candidate, group2ctx)
     ctx = check_contexts(ctx)
-    ref_graph = disable_dropout(import_symbol(reference, dtypes=dtypes, **shapes))
+    def random(op):
+        return facts(op).random
+    ref_graph = disable_dropout(import_graph(reference, dtypes=dtypes, **shapes), random)
     if sharded is None:
         _check_input_names(reference, candidate)
-        cand_graph = disable_dropout(import_symbol(candidate, dtypes=dtypes, **shapes))
+        cand_graph = disable_dropout(import_graph(candidate, dtypes=dtypes, **shapes), random)
         _check_shapes(ref_graph, cand_graph)
     else:
-        cand_graph = disable_dropout(sharded.shard_graph)
+        cand_graph = disable_dropout(sharded.shard_graph, random)
     values = _values(ref_graph, seed, arrays)
     rng = np.random.default_rng([seed, 1])
     head_grads = [rng.standard_normal(t.shape).astype(t.dtype) for t in ref_graph.output_infos]

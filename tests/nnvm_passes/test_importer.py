@@ -42,10 +42,16 @@ def test_variables_are_classified():
 
 
 def test_label_found_through_the_loss_op_whatever_its_name():
+    """The importer asks ``label_inputs(op, attrs)`` which inputs are labels; tofu_mx's
+    import_graph answers from the operator descriptions (``@tdl.op(..., labels=(1,))``)."""
+    from tofu_mx.tdl.annotate import import_graph
     x = mx.sym.FullyConnected(mx.sym.var("x"), num_hidden=3, name="fc")
     out = mx.sym.SoftmaxOutput(x, mx.sym.var("targets"), name="loss")
-    g = import_symbol(out, x=(2, 5))
+    g = import_graph(out, x=(2, 5))
     assert g.node("targets").kind == "label" and g.node("x").kind == "data"
+    asked = []
+    g = import_symbol(out, x=(2, 5), label_inputs=lambda op, attrs: asked.append(op) or ())
+    assert g.node("targets").kind == "param" and asked == ["FullyConnected", "SoftmaxOutput"]
 
 
 def test_data_names_override_which_inputs_are_data():

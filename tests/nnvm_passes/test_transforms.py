@@ -14,8 +14,12 @@ def dropout_net():
     return mx.sym.FullyConnected(x, num_hidden=2, name="fc")
 
 
+def DROPOUT(op):
+    return op == "Dropout"
+
+
 def test_disable_dropout_makes_an_identity_and_keeps_the_group():
-    g = disable_dropout(import_symbol(dropout_net(), x=(4, 3)))
+    g = disable_dropout(import_symbol(dropout_net(), x=(4, 3)), DROPOUT)
     node = g.node("drop")
     assert node.op == "_copy" and node.ctx_group == "dev1" and len(node.outputs) == 1
     exe = export_symbol(g).simple_bind(mx.cpu(), x=(4, 3))
@@ -29,7 +33,7 @@ def test_disable_dropout_makes_an_identity_and_keeps_the_group():
 
 def test_disable_dropout_without_dropout_is_the_same_graph():
     g = import_symbol(mx.sym.relu(mx.sym.var("x")), x=(2,))
-    assert disable_dropout(g) is g
+    assert disable_dropout(g, DROPOUT) is g
 
 
 def test_place_tags_operators_and_their_variables():

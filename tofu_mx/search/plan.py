@@ -20,12 +20,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from nnvm_passes.backward import kept_for_backward
-from nnvm_passes.importer import import_symbol
 from nnvm_passes.ir import Graph
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.cut import Cut, View, layout_name, needs_grad_of, next_view
 from tofu_mx.search.dp import Solution, solve_dp
 from tofu_mx.summary import format_bytes
+from tofu_mx.tdl.annotate import import_graph
 from tofu_mx.tdl.registry import Description, lookup
 
 
@@ -310,7 +310,7 @@ def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions
     if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
         raise InvalidArgumentError(f"num_devices must be a positive int, got {num_devices!r}")
     options = options or SearchOptions()
-    graph = import_symbol(symbol, dtypes=dtypes, **shapes)
+    graph = import_graph(symbol, dtypes=dtypes, **shapes)
     return plan_graph(graph, num_devices, memory_budget=memory_budget, options=options)
 
 

@@ -14,14 +14,21 @@ against MXNet's kernel::
 See :mod:`tofu_mx.tdl.lang` for the language, :mod:`tofu_mx.tdl.analysis` for how strategies
 are derived, and :mod:`tofu_mx.ops` for the built-in descriptions.
 """
-from tofu_mx.tdl.lang import (Max, Min, Sum, TDLError, absolute, depends, erf, exp, expm1,
-                              floor, greater, in_range, index, lam, less, log, log1p, maximum,
-                              minimum, relu, rsqrt, sigmoid, sign, softrelu, softsign, sqrt,
-                              square, tanh, where)
-from tofu_mx.tdl.registry import (Attrs, Description, Opaque, Shard, ShardContext, lookup, op,
-                                  opaque, registered)
+from tofu_mx.tdl.lang import (Max, Min, Sum, TDLError, absolute, arccos, arccosh, arcsin,
+                              arcsinh, arctan, arctanh, cbrt, ceil, cos, cosh, depends, equal,
+                              erf, erfinv, exp, expm1, floor, gamma, gammaln, greater,
+                              greater_equal, in_range, index, lam, less, less_equal, log,
+                              log1p, log2, log10, maximum, minimum, not_equal, reciprocal, relu,
+                              rint, round_, rsqrt, sigmoid, sign, sin, sinh, softrelu, softsign,
+                              sqrt, square, tan, tanh, trunc, where)
+from tofu_mx.tdl.registry import (Attrs, Description, OpFacts, Opaque, Shard, ShardContext,
+                                  lookup, op, opaque, registered)
 
-__all__ = ["Attrs", "Description", "Max", "Min", "Opaque", "Shard", "ShardContext", "Sum",
-           "TDLError", "absolute", "depends", "erf", "exp", "expm1", "floor", "greater", "in_range", "index", "lam", "less",
-           "log", "log1p", "lookup", "maximum", "minimum", "op", "opaque", "registered", "relu",
-           "rsqrt", "sigmoid", "sign", "softrelu", "softsign", "sqrt", "square", "tanh", "where"]
+__all__ = ["Attrs", "Description", "Max", "Min", "OpFacts", "Opaque", "Shard", "ShardContext",
+           "Sum", "TDLError", "absolute", "arccos", "arccosh", "arcsin", "arcsinh", "arctan",
+           "arctanh", "cbrt", "ceil", "cos", "cosh", "depends", "equal", "erf", "erfinv", "exp",
+           "expm1", "floor", "gamma", "gammaln", "greater", "greater_equal", "in_range", "index",
+           "lam", "less", "less_equal", "log", "log1p", "log2", "log10", "lookup", "maximum",
+           "minimum", "not_equal", "op", "opaque", "reciprocal", "registered", "relu", "rint",
+           "round_", "rsqrt", "sigmoid", "sign", "sin", "sinh", "softrelu", "softsign", "sqrt",
+           "square", "tan", "tanh", "trunc", "where"]

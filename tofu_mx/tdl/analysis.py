@@ -233,7 +233,7 @@ class Strategy:
     """One way to run an operator in ``parts`` parts: split loop variable ``var``."""
 
     var: str
-    kind: str                                   # "output" | "reduce" | "replicate"
+    kind: str                                   # "output" | "reduce" | "replicate" | "whole"
     parts: int
     inputs: tuple[tuple[Region, ...], ...]      # [input][part] -> what the part reads
     outputs: tuple[tuple[Region, ...], ...]     # [output][part] -> what the part computes
@@ -242,6 +242,8 @@ class Strategy:
 
     @property
     def name(self) -> str:
+        if self.kind == "whole":       # part 0 computes it all (an operator with no description)
+            return "whole"
         verb = {"output": "split", "reduce": "reduce", "replicate": "replicate"}[self.kind]
         return f"{verb} {self.var}"
 
@@ -405,9 +407,9 @@ def pad_values(traced: Traced) -> tuple[float | None, ...]:
 def opaque_strategies(entry: Opaque, input_shapes: Sequence[Sequence[int]],
                       output_shapes: Sequence[Sequence[int]], parts: int = 2) -> list[Strategy]:
     """The one strategy of an opaque operator with a batch axis: split that axis everywhere."""
-    in_axes = list(entry.batch_axes) + [None] * (len(input_shapes) - len(entry.batch_axes))
-    out_axes = list(entry.output_batch_axes) + [None] * (len(output_shapes) -
-                                                         len(entry.output_batch_axes))
+    # a node may have fewer inputs (or outputs) than the entry names axes for
+    in_axes = (list(entry.batch_axes) + [None] * len(input_shapes))[:len(input_shapes)]
+    out_axes = (list(entry.output_batch_axes) + [None] * len(output_shapes))[:len(output_shapes)]
     if all(a is None for a in in_axes + out_axes):
         return []
     sizes = {s[a] for s, a in zip(list(input_shapes) + list(output_shapes), in_axes + out_axes)

@@ -8,15 +8,17 @@ tolerances.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import mxnet as mx
 import numpy as np
 
 from nnvm_passes.exporter import export_symbol
+from nnvm_passes.ir import Entry
 from tofu_mx.tdl.interpret import evaluate
 from tofu_mx.tdl.registry import Attrs, Description, Example, example_graph, trace
-from tofu_mx.values import random_inputs
+from tofu_mx.values import index_range, random_inputs
 
 
 @dataclass(frozen=True)
@@ -36,17 +38,30 @@ class CheckResult:
 def check_example(desc: Description, example: Example, seed: int = 0) -> CheckResult:
     mx_op, _, op_type = desc.op.partition(":")
     attrs = dict(example.attrs, op_type=op_type) if op_type else dict(example.attrs)
-    graph = example_graph(mx_op, Example(attrs, example.shapes))
+    graph = example_graph(mx_op, dataclasses.replace(example, attrs=attrs))
     node = graph.nodes[-1]
     values = random_inputs(graph, seed)
     names = [graph.nodes[e.node].name for e in node.inputs]
-    exe = export_symbol(graph).bind(
+    if desc.domain is not None:       # float inputs redrawn where the operator is defined
+        rng = np.random.default_rng([seed, 2])
+        low, high = desc.domain
+        for name in names:
+            if np.issubdtype(values[name].dtype, np.floating) and \
+                    index_range(graph, graph.index(name)) is None:
+                values[name] = rng.uniform(low, high, values[name].shape).astype(
+                    values[name].dtype)
+    traced = trace(desc, Attrs(attrs), [graph.tensor(e).shape for e in node.inputs],
+                   [t.shape for t in node.outputs])
+    # every output the description describes is a head, so every one is compared
+    heads = [Entry(len(graph.nodes) - 1, k) for k in range(len(traced.outputs))]
+    exe = export_symbol(graph.replace(heads=tuple(heads))).bind(
         mx.cpu(), {n: mx.nd.array(values[n], dtype=values[n].dtype) for n in graph.arg_names},
         aux_states={n: mx.nd.array(values[n]) for n in graph.aux_names})
     mxnet_out = [o.asnumpy() for o in exe.forward(is_train=desc.train)]
-    traced = trace(desc, Attrs(attrs), [graph.tensor(e).shape for e in node.inputs],
-                   [t.shape for t in node.outputs])
     ours = evaluate(traced, [values[n] for n in names])
+    if len(mxnet_out) != len(ours):
+        return CheckResult(desc.op, example, np.inf, False,
+                           f"{len(ours)} outputs described, MXNet gives {len(mxnet_out)}")
     worst, message = 0.0, ""
     for k, (theirs, mine) in enumerate(zip(mxnet_out, ours)):
         if theirs.shape != mine.shape:

@@ -8,7 +8,7 @@ a reduction sums (or maxes) over its own axes. Values are computed in float64.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -17,6 +17,32 @@ from tofu_mx.tdl.lang import (Access, Affine, Bin, Const, DataIndex, Depends, Ex
                               TDLError, Unary, Where)
 from tofu_mx.tdl.registry import Traced, walk
 
+def _gammaln(v: float) -> float:
+    """log |gamma(v)|, inf at the poles (0, -1, -2, ...), NaN for NaN."""
+    if math.isnan(v):
+        return math.nan
+    return math.inf if v <= 0 and v == math.floor(v) else math.lgamma(v)
+
+
+def _erfinv(y: float) -> float:
+    """The inverse of erf by Newton's method from a close first guess (NumPy has none)."""
+    if not -1.0 < y < 1.0:
+        return math.copysign(math.inf, y) if abs(y) == 1.0 else math.nan
+    a = 0.147
+    ln = math.log(1.0 - y * y)
+    t = 2.0 / (math.pi * a) + ln / 2.0
+    x = math.copysign(math.sqrt(math.sqrt(t * t - ln / a) - t), y)
+    for _ in range(4):
+        x -= (math.erf(x) - y) / (2.0 / math.sqrt(math.pi) * math.exp(-x * x))
+    return x
+_BIN = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "pow": np.power,
+        "max": np.maximum, "min": np.minimum}
+_CMP = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
+        "==": np.equal, "!=": np.not_equal}
+_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
+_NEUTRAL = {"sum": 0.0, "max": -np.inf, "min": np.inf}
+
+
 _UNARY = {
     "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
     "rsqrt": lambda x: 1.0 / np.sqrt(x), "tanh": np.tanh,
@@ -24,18 +50,24 @@ _UNARY = {
     "erf": np.vectorize(math.erf, otypes=[np.float64]),
     "softrelu": lambda x: np.log1p(np.exp(x)), "softsign": lambda x: x / (1.0 + np.abs(x)),
     "square": np.square, "floor": np.floor, "sign": np.sign, "log1p": np.log1p,
-    "expm1": np.expm1,
+    "expm1": np.expm1, "sin": np.sin, "cos": np.cos, "tan": np.tan, "arcsin": np.arcsin,
+    "arccos": np.arccos, "arctan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
+    "arcsinh": np.arcsinh, "arccosh": np.arccosh, "arctanh": np.arctanh, "ceil": np.ceil,
+    # MXNet's round takes halves away from zero; its rint takes them down (rint(2.5) = 2,
+    # rint(-0.5) = -1), unlike NumPy's half-to-even
+    "round": lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5), "rint": lambda x: np.ceil(x - 0.5),
+    "trunc": np.trunc, "log2": np.log2, "log10": np.log10, "cbrt": np.cbrt,
+    "reciprocal": lambda x: 1.0 / x,
+    "gamma": np.vectorize(math.gamma, otypes=[np.float64]),
+    "gammaln": np.vectorize(_gammaln, otypes=[np.float64]),
+    "erfinv": np.vectorize(lambda v: _erfinv(v), otypes=[np.float64]),
 }
-_BIN = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "pow": np.power,
-        "max": np.maximum, "min": np.minimum}
-_CMP = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-        "==": np.equal, "!=": np.not_equal}
-_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
 
 
 class _Grid:
-    def __init__(self, axes: dict[str, int], extents: dict[str, int], inputs):
-        self.axes, self.extents, self.inputs = axes, extents, inputs
+    def __init__(self, axes: dict[str, int], extents: dict[str, int], inputs,
+                 within: Mapping[str, tuple[int, int]]):
+        self.axes, self.extents, self.inputs, self.within = axes, extents, inputs, within
         self.ndim = len(axes)
         # Where the value being computed is used: a where() branch is computed everywhere but
         # only its selected positions must read inside their tensors.
@@ -117,12 +149,21 @@ class _Grid:
             shape = list(np.broadcast_shapes(body.shape, (1,) * self.ndim))
             for v, ax in zip(e.vars, axes):
                 shape[ax] = self.extents[v.name]
-            return _REDUCE[e.kind](np.broadcast_to(body, shape), axis=axes, keepdims=True)
+            body = np.broadcast_to(body, shape)
+            for v in e.vars:
+                if v.name in self.within:     # a part's partial: the rest is the neutral value
+                    lo, hi = self.within[v.name]
+                    index = self.var(v.name)
+                    body = np.where((index >= lo) & (index <= hi), body, _NEUTRAL[e.kind])
+            return _REDUCE[e.kind](body, axis=axes, keepdims=True)
         raise TDLError(f"unknown expression {e!r}")
 
 
-def evaluate(traced: Traced, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Every described output of ``traced`` for these input arrays (float64)."""
+def evaluate(traced: Traced, inputs: Sequence[np.ndarray],
+             within: Mapping[str, tuple[int, int]] | None = None) -> list[np.ndarray]:
+    """Every described output of ``traced`` for these input arrays (float64). ``within``:
+    reduction variables reduced over these inclusive sub-ranges only (one part's partial
+    output under partition-n-reduce)."""
     arrays = [np.asarray(x, dtype=np.float64) for x in inputs]
     results = []
     for out in traced.outputs:
@@ -131,7 +172,7 @@ def evaluate(traced: Traced, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
             if isinstance(e, Reduce):
                 for v in e.vars:
                     axes.setdefault(v.name, len(axes))
-        grid = _Grid(axes, dict(traced.extents), arrays)
+        grid = _Grid(axes, dict(traced.extents), arrays, dict(within or {}))
         value = np.asarray(grid.value(out.expr), dtype=np.float64)
         full = np.broadcast_to(value, np.broadcast_shapes(value.shape, (1,) * grid.ndim))
         full = np.broadcast_to(full, tuple(out.shape) + full.shape[len(out.shape):])

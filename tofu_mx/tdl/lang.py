@@ -198,6 +198,7 @@ class Expr:
     def __truediv__(self, o): return Bin("/", self, lift(o))
     def __rtruediv__(self, o): return Bin("/", lift(o), self)
     def __pow__(self, o): return Bin("pow", self, lift(o))
+    def __rpow__(self, o): return Bin("pow", lift(o), self)
     def __neg__(self): return Unary("neg", self)
 
 
@@ -241,7 +242,9 @@ class Bin(Expr):
 
 #: Unary functions a description may call, by name.
 UNARY = ("neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "abs", "erf", "softrelu",
-         "softsign", "square", "floor", "sign", "log1p", "expm1")
+         "softsign", "square", "floor", "sign", "log1p", "expm1", "sin", "cos", "tan", "arcsin",
+         "arccos", "arctan", "sinh", "cosh", "arcsinh", "arccosh", "arctanh", "ceil", "round",
+         "rint", "trunc", "log2", "log10", "cbrt", "reciprocal", "gamma", "gammaln", "erfinv")
 
 
 @dataclass(frozen=True, eq=False)
@@ -303,6 +306,13 @@ exp, log, sqrt, rsqrt, tanh, sigmoid = (_unary(n) for n in ("exp", "log", "sqrt"
 absolute, erf, softrelu, softsign, square = (_unary(n) for n in ("abs", "erf", "softrelu",
                                                                  "softsign", "square"))
 floor, sign, log1p, expm1 = (_unary(n) for n in ("floor", "sign", "log1p", "expm1"))
+sin, cos, tan, arcsin, arccos, arctan = (_unary(n) for n in ("sin", "cos", "tan", "arcsin",
+                                                             "arccos", "arctan"))
+sinh, cosh, arcsinh, arccosh, arctanh = (_unary(n) for n in ("sinh", "cosh", "arcsinh",
+                                                             "arccosh", "arctanh"))
+ceil, round_, rint, trunc = (_unary(n) for n in ("ceil", "round", "rint", "trunc"))
+log2, log10, cbrt, reciprocal = (_unary(n) for n in ("log2", "log10", "cbrt", "reciprocal"))
+gamma, gammaln, erfinv = (_unary(n) for n in ("gamma", "gammaln", "erfinv"))
 
 
 def maximum(a: Any, b: Any) -> Expr:
@@ -319,6 +329,22 @@ def less(a: Any, b: Any) -> Cmp:
 
 def greater(a: Any, b: Any) -> Cmp:
     return Cmp(">", lift(a), lift(b))
+
+
+def less_equal(a: Any, b: Any) -> Cmp:
+    return Cmp("<=", lift(a), lift(b))
+
+
+def greater_equal(a: Any, b: Any) -> Cmp:
+    return Cmp(">=", lift(a), lift(b))
+
+
+def equal(a: Any, b: Any) -> Cmp:
+    return Cmp("==", lift(a), lift(b))
+
+
+def not_equal(a: Any, b: Any) -> Cmp:
+    return Cmp("!=", lift(a), lift(b))
 
 
 def in_range(i: Any, lo: int, hi: int) -> InRange:

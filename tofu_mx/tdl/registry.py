@@ -12,15 +12,20 @@ when it has one, its batch axis.
 """
 from __future__ import annotations
 
+import ctypes
+import dataclasses
+import functools
 import inspect
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import mxnet as mx
+import numpy as np
+from mxnet.base import _LIB, c_str, check_call, py_str
 
 from nnvm_passes.importer import import_symbol
-from nnvm_passes.ir import Graph, format_attr_value, is_hidden_attr, parse_attr_value
+from nnvm_passes.ir import FrozenDict, Graph, format_attr_value, is_hidden_attr, parse_attr_value
 from tofu_mx.tdl.lang import (Access, Bin, Cmp, DataIndex, Depends, Expr, Reduce, TDLError,
                               TensorRef, Unary, Var, Where, index_nodes, lambda_params,
                               trace_lambda)
@@ -57,10 +62,12 @@ class Attrs(Mapping[str, Any]):
 
 @dataclass(frozen=True)
 class Example:
-    """Attributes (as MXNet spells them) and input shapes for one kernel check."""
+    """Attributes (as MXNet spells them), input shapes and (where not float32) input dtypes
+    for one kernel check."""
 
     attrs: Mapping[str, str]
     shapes: tuple[tuple[int, ...], ...]
+    dtypes: FrozenDict = field(default_factory=FrozenDict)   # input position -> dtype name
 
 
 @dataclass(frozen=True)
@@ -75,10 +82,8 @@ class Description:
     atol: float
     note: str = ""
     shard: Callable | None = field(default=None, repr=False)
-
-    @property
-    def family(self) -> str:
-        return self.fn.__module__.rsplit(".", 1)[-1]
+    facts: "OpFacts" = field(default_factory=lambda: OpFacts())
+    domain: tuple[float, float] | None = None   # the check's float inputs, if not [-1, 1)
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,36 @@ class Opaque:
     reason: str
     batch_axes: tuple[int | None, ...] = ()
     output_batch_axes: tuple[int | None, ...] = ()
+    facts: "OpFacts" = field(default_factory=lambda: OpFacts())
+
+
+#: ``(attrs, input shapes) -> (low, high)``: the integers an index input is read in.
+IndexRange = Callable[[Attrs, tuple], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class OpFacts:
+    """What the passes must know of an operator beyond what it computes, declared with its
+    description (``@op(..., labels=(1,), loss=True)``) so that no pass names operators.
+
+    ``index_inputs``: input position -> the integer range that input is read in (Embedding's
+    tokens, a loss's class labels, sequence lengths); test values are drawn from it.
+    ``labels``: input positions that are labels (data, never trained). ``loss``: a loss head,
+    whose gradient ignores the gradient of its output (computed once per output box).
+    ``gradient``: False when no gradient flows through the operator (BlockGrad, argmax).
+    ``random``: its output is random in training (Dropout); verification runs it as the
+    identity, its inference behaviour.
+    ``group_attr``: False when MXNet hands every attribute, ``__ctx_group__`` included, to
+    the operator's constructor (Python custom operators, whose ``CustomOpProp`` may take no
+    keywords): the rewrite then places the node through its first input instead. Declared
+    for an MXNet operator kind as a whole with :func:`kind_facts`."""
+
+    index_inputs: Mapping[int, IndexRange] = field(default_factory=dict)
+    labels: tuple[int, ...] = ()
+    loss: bool = False
+    gradient: bool = True
+    random: bool = False
+    group_attr: bool = True
 
 
 @dataclass(frozen=True)
@@ -142,6 +177,17 @@ class Traced:
 
 
 _REGISTRY: dict[str, Description | Opaque] = {}
+_GENERATION = [0]     # bumped on every change, so that caches keyed on it never go stale
+
+
+def generation() -> int:
+    """A number that changes whenever a description is registered, replaced or removed."""
+    return _GENERATION[0]
+
+
+def _store(name: str, entry: "Description | Opaque") -> None:
+    _REGISTRY[name] = entry
+    _GENERATION[0] += 1
 
 
 def registry_key(op: str, attrs: Mapping[str, Any] | None = None) -> str:
@@ -158,6 +204,32 @@ def lookup(op: str, attrs: Mapping[str, Any] | None = None) -> Description | Opa
 def registered() -> dict[str, Description | Opaque]:
     """Every registered operator, by name (a copy)."""
     return dict(_REGISTRY)
+
+
+_NO_FACTS = OpFacts()
+_KIND_FACTS: dict[str, dict[str, Any]] = {}
+
+
+def kind_facts(op: str, **values: Any) -> None:
+    """Declare facts that hold for every node of the MXNet operator ``op``, whatever its
+    attributes and whether or not it is described (``kind_facts("Custom", group_attr=False)``)."""
+    unknown = set(values) - {f.name for f in dataclasses.fields(OpFacts)}
+    if unknown:
+        raise TDLError(f"kind_facts({op!r}): no such facts {sorted(unknown)}")
+    _KIND_FACTS[op] = dict(values)
+    _GENERATION[0] += 1
+
+
+def facts(op: str, attrs: Mapping[str, Any] | None = None) -> OpFacts:
+    """The declared facts of ``op`` (the defaults for an operator nobody registered)."""
+    entry = lookup(op, attrs)
+    found = _NO_FACTS if entry is None else entry.facts
+    return dataclasses.replace(found, **_KIND_FACTS[op]) if op in _KIND_FACTS else found
+
+
+def label_inputs(op: str, attrs: Mapping[str, Any] | None = None) -> tuple[int, ...]:
+    """Input positions of ``op`` that are labels (for the importer's classification)."""
+    return facts(op, attrs).labels
 
 
 def _format_attrs(attrs: Mapping[str, Any]) -> dict[str, str]:
@@ -182,9 +254,33 @@ def _signature(fn: Callable, op: str) -> tuple[tuple[str, ...], bool]:
     return tuple(names), variadic
 
 
+@functools.lru_cache(maxsize=1)
+def mxnet_operators() -> dict[str, str]:
+    """Every operator name MXNet registers, mapped to its canonical name (an alias such as
+    ``flip`` to ``reverse``; graphs always carry the canonical name). Do not modify."""
+    names = mx.operator.get_all_registered_operators()
+    return {n: _canonical(n) for n in names}
+
+
+def _canonical(name: str) -> str:
+    handle = ctypes.c_void_p()
+    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+    real, desc, num_args = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_uint()
+    arg_names, arg_types, arg_descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
+    key_var_args, return_type = ctypes.c_char_p(), ctypes.c_char_p()
+    check_call(_LIB.MXSymbolGetAtomicSymbolInfo(
+        handle, ctypes.byref(real), ctypes.byref(desc), ctypes.byref(num_args),
+        ctypes.byref(arg_names), ctypes.byref(arg_types), ctypes.byref(arg_descs),
+        ctypes.byref(key_var_args), ctypes.byref(return_type)))
+    return py_str(real.value)
+
+
 def mxnet_input_names(op: str, attrs: Mapping[str, str]) -> tuple[str, ...] | None:
     """MXNet's names for the inputs of ``op`` (None where MXNet cannot tell without inputs)."""
     creator = getattr(mx.sym, op, None) or getattr(mx.sym._internal, op, None)
+    for prefix, module in (("_contrib_", mx.sym.contrib), ("_linalg_", mx.sym.linalg)):
+        if creator is None and op.startswith(prefix):
+            creator = getattr(module, op[len(prefix):], None)
     if creator is None:
         return None
     try:
@@ -215,34 +311,79 @@ def single_op_symbol(op: str, attrs: Mapping[str, str], n_inputs: int,
 def example_graph(op: str, example: Example) -> Graph:
     """The one-operator graph of an example, imported with shapes."""
     sym = single_op_symbol(op, example.attrs, len(example.shapes))
-    return import_symbol(sym, **{f"in{i}": s for i, s in enumerate(example.shapes)})
+    return import_symbol(sym, dtypes={f"in{i}": d for i, d in example.dtypes.items()},
+                         **{f"in{i}": s for i, s in enumerate(example.shapes)})
+
+
+def _facts(index_inputs, labels, loss, gradient, random, name: str) -> OpFacts:
+    index_inputs = dict(index_inputs or {})
+    bad = [p for p, f in index_inputs.items() if not isinstance(p, int) or not callable(f)]
+    if bad:
+        raise TDLError(f"{name!r}: index_inputs maps input positions to functions (attrs, "
+                       f"input shapes) -> (low, high); got {bad!r} as keys")
+    labels = tuple(labels)
+    if not all(isinstance(p, int) and p >= 0 for p in labels):
+        raise TDLError(f"{name!r}: labels are input positions (ints), got {labels!r}")
+    return OpFacts(index_inputs, labels, bool(loss), bool(gradient), bool(random))
+
+
+def _example(example, name: str) -> Example:
+    """``(attrs, shapes)`` or ``(attrs, shapes, {input position: dtype})``."""
+    if not isinstance(example, (tuple, list)) or len(example) not in (2, 3):
+        raise TDLError(f"{name!r}: an example is (attrs, input shapes) or (attrs, input shapes, "
+                       f"{{input position: dtype}}), got {example!r}")
+    attrs, shapes, dtypes = (*example, {})[:3]
+    return Example(_format_attrs(attrs), tuple(tuple(s) for s in shapes),
+                   FrozenDict({int(i): np.dtype(d).name for i, d in dtypes.items()}))
+
+
+def _domain(domain, name: str) -> tuple[float, float]:
+    try:
+        low, high = (float(v) for v in domain)
+    except (TypeError, ValueError):
+        low = high = None
+    if low is None or not low < high:
+        raise TDLError(f"{name!r}: domain is (low, high) with low < high, got {domain!r}")
+    return low, high
 
 
 def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequence[int]]]],
        train: bool = True, rtol: float = 1e-4, atol: float = 1e-5, note: str = "",
-       replace: bool = False, shard: Callable | None = None) -> Callable[[Callable], Callable]:
+       replace: bool = False, shard: Callable | None = None,
+       index_inputs: Mapping[int, IndexRange] | None = None, labels: Sequence[int] = (),
+       loss: bool = False, gradient: bool = True, random: bool = False,
+       domain: tuple[float, float] | None = None) -> Callable[[Callable], Callable]:
     """Register the decorated function as the description of operator ``name``.
 
-    ``examples``: ``(attrs, input shapes)`` pairs; each is traced now (a malformed
+    ``examples``: ``(attrs, input shapes)`` pairs, or ``(attrs, input shapes, {input
+    position: dtype})`` for inputs that must not be float32; each is traced now (a malformed
     description raises :class:`TDLError` here) and checked against MXNet's kernel by
     :func:`tofu_mx.tdl.check.check_description`. ``train``: run that check in training mode.
     For an MXNet custom operator use ``"Custom:<op_type>"``. Registering a name twice is an
     error unless ``replace=True``. ``shard(attrs, ctx: ShardContext) -> Shard | None``: how
     one device's share runs (attributes that fix output sizes, padding, offsets); without it
     the share runs with the operator's own attributes; None means the share cannot run as
-    this operator (the rewrite then computes the operator whole).
+    this operator (the rewrite then computes the operator whole). ``index_inputs``,
+    ``labels``, ``loss``, ``gradient``, ``random``: the operator's facts (:class:`OpFacts`).
+    ``domain``: ``(low, high)`` to draw the check's float inputs from, for an operator defined
+    on part of the line only (``arccosh`` on [1, inf)); [-1, 1) by default.
     """
     if name in _REGISTRY and not replace:
         raise TDLError(f"{name!r} already has a description ({_REGISTRY[name]!r:.80}); pass "
                        f"replace=True to replace it")
     if not examples:
         raise TDLError(f"description of {name!r} needs at least one example (attrs, shapes)")
+    op_facts = _facts(index_inputs, labels, loss, gradient, random, name)
 
     def register(fn: Callable) -> Callable:
         names, variadic = _signature(fn, name)
-        exs = tuple(Example(_format_attrs(a), tuple(tuple(s) for s in shapes))
-                    for a, shapes in examples)
-        desc = Description(name, fn, names, variadic, exs, train, rtol, atol, note, shard)
+        real = mxnet_operators().get(name.partition(":")[0])
+        if real is not None and real != name.partition(":")[0]:
+            raise TDLError(f"{name!r} is MXNet's alias of {real!r}: graphs always name the "
+                           f"operator {real!r}, so describe {real!r} (the alias is covered)")
+        exs = tuple(_example(ex, name) for ex in examples)
+        desc = Description(name, fn, names, variadic, exs, train, rtol, atol, note, shard,
+                           op_facts, None if domain is None else _domain(domain, name))
         mx_op, _, op_type = name.partition(":")
         if not variadic and not op_type:
             theirs = mxnet_input_names(mx_op, exs[0].attrs)
@@ -251,11 +392,11 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
                                f"are {theirs}")
         for ex in exs:
             attrs = dict(ex.attrs, op_type=op_type) if op_type else ex.attrs
-            graph = example_graph(mx_op, Example(attrs, ex.shapes))
+            graph = example_graph(mx_op, dataclasses.replace(ex, attrs=attrs))
             node = graph.nodes[-1]
             trace(desc, Attrs(attrs), [graph.tensor(e).shape for e in node.inputs],
                   [t.shape for t in node.outputs])
-        _REGISTRY[name] = desc
+        _store(name, desc)
         return fn
     return register
 
@@ -263,13 +404,32 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
 def unregister(name: str) -> Description | Opaque | None:
     """Remove ``name`` from the registry (returns what was there): for tests and for replacing
     a description at run time."""
+    _GENERATION[0] += 1
     return _REGISTRY.pop(name, None)
 
 
 def opaque(name: str, reason: str, batch_axes: Sequence[int | None] = (),
-           output_batch_axes: Sequence[int | None] = ()) -> None:
-    """Register ``name`` as deliberately opaque, saying why."""
-    _REGISTRY[name] = Opaque(name, reason, tuple(batch_axes), tuple(output_batch_axes))
+           output_batch_axes: Sequence[int | None] = (), *,
+           index_inputs: Mapping[int, IndexRange] | None = None, labels: Sequence[int] = (),
+           loss: bool = False, gradient: bool = True, random: bool = False) -> None:
+    """Register ``name`` as deliberately opaque, saying why (facts as for :func:`op`)."""
+    _store(name, Opaque(name, reason, tuple(batch_axes), tuple(output_batch_axes),
+                        _facts(index_inputs, labels, loss, gradient, random, name)))
+
+
+def moves_values(op: str, attrs: Mapping[str, str], input_shapes: Sequence[Sequence[int]],
+                 output_shapes: Sequence[Sequence[int]]) -> bool:
+    """Whether every output of this node is a plain read of its first input (a reshape, a
+    transpose, a copy): an index read from the output is an index of the input."""
+    entry = lookup(op, attrs)
+    if not isinstance(entry, Description):
+        return False
+    try:
+        traced = trace(entry, Attrs(attrs), input_shapes, output_shapes)
+    except TDLError:
+        return False
+    return all(isinstance(o.expr, Access) and o.expr.tensor.position == 0 and o.expr.pad is None
+               for o in traced.outputs)
 
 
 # --- tracing ----------------------------------------------------------------------------------
@@ -366,6 +526,7 @@ def trace(desc: Description, attrs: Attrs, input_shapes: Sequence[Sequence[int]]
     return Traced(desc.op, tuple(refs), tuple(outputs), extents)
 
 
-__all__ = ["Attrs", "Description", "Example", "Opaque", "Output", "Shard", "ShardContext",
-           "Traced", "example_graph",
-           "lookup", "op", "opaque", "registered", "registry_key", "trace", "unregister"]
+__all__ = ["Attrs", "Description", "Example", "IndexRange", "OpFacts", "Opaque", "Output",
+           "Shard", "ShardContext", "Traced", "example_graph", "facts", "generation",
+           "kind_facts", "label_inputs", "lookup", "moves_values", "mxnet_operators", "op", "opaque", "registered",
+           "registry_key", "trace", "unregister"]

@@ -1,4 +1,5 @@
 """Strategies derived by the interval analysis: pinned per operator, and proven sufficient."""
+import dataclasses
 import itertools
 
 import numpy as np
@@ -6,16 +7,19 @@ import pytest
 
 import tofu_mx.ops  # noqa: F401
 from nnvm_passes import import_symbol
-from tofu_mx.tdl.analysis import Layout, classify, index_interval, opaque_strategies, strategies
+from tofu_mx.tdl.analysis import (Layout, _uses, classify, index_interval, opaque_strategies,
+                                  strategies)
 from tofu_mx.tdl.annotate import analyse
 from tofu_mx.tdl.interpret import evaluate
-from tofu_mx.tdl.lang import Affine, FloorDiv, IAdd, IScale, Mod
+from tofu_mx.tdl.lang import Affine, Bin, FloorDiv, IAdd, IScale, Mod, Unary
 from tofu_mx.tdl.registry import Attrs, Description, Example, example_graph, lookup, registered, trace
 from tofu_mx.values import index_range, random_inputs
 
 
-def traced_for(op, attrs, shapes):
-    graph = example_graph(op, Example({k: str(v) for k, v in attrs.items()}, tuple(shapes)))
+def traced_for(op, attrs, shapes, dtypes=None):
+    example = Example({k: str(v) for k, v in attrs.items()}, tuple(shapes))
+    graph = example_graph(op, example if dtypes is None else
+                          dataclasses.replace(example, dtypes=dtypes))
     node = graph.nodes[-1]
     return graph, trace(lookup(op), Attrs(node.attrs), [graph.tensor(e).shape for e in node.inputs],
                         [t.shape for t in node.outputs])
@@ -194,35 +198,63 @@ def _masked(value, regions, fill):
     return out
 
 
+def without_free_terms(e, var):
+    """What a part other than the first computes of ``e`` under a partition-n-reduce over
+    ``var``: additive terms free of ``var`` (a bias) are computed by part 0 only."""
+    if isinstance(e, Bin) and e.op in "+-":
+        left, right = _uses(e.a, var), _uses(e.b, var)
+        if left and right:
+            return Bin(e.op, without_free_terms(e.a, var), without_free_terms(e.b, var))
+        if left:
+            return without_free_terms(e.a, var)
+        inner = without_free_terms(e.b, var)
+        return inner if e.op == "+" else Unary("neg", inner)
+    if isinstance(e, Bin):
+        if _uses(e.a, var):
+            return Bin(e.op, without_free_terms(e.a, var), e.b)
+        return Bin(e.op, e.a, without_free_terms(e.b, var))
+    if isinstance(e, Unary) and e.fn == "neg":
+        return Unary("neg", without_free_terms(e.a, var))
+    return e
+
+
 @pytest.mark.parametrize("name, k", CASES, ids=[f"{n}-{k}" for n, k in CASES])
 def test_every_part_computes_its_output_from_its_regions_alone(name, k):
-    """For every strategy: give a part only the input regions the analysis says it needs
-    (NaN elsewhere; zeros for partial sums) and it still computes exactly its output."""
+    """For every strategy: give a part only the input regions the analysis says it needs (NaN
+    elsewhere) and it still computes exactly its output; under partition-n-reduce, its
+    partial (the reduction over its own range, the free terms on part 0 only), and the parts'
+    partials combine into the whole output."""
     desc = registered()[name]
-    graph, traced = traced_for(name, desc.examples[k].attrs, desc.examples[k].shapes)
+    example = desc.examples[k]
+    graph, traced = traced_for(name, example.attrs, example.shapes, example.dtypes)
     node = graph.nodes[-1]
     values = random_inputs(graph, seed=k)
     inputs = [values[graph.nodes[e.node].name].astype(np.float64) for e in node.inputs]
-    is_index = [index_range(graph, e.node) is not None for e in node.inputs]
+    # an index input is filled with a valid index outside its regions (the low end of its range)
+    ranges = [index_range(graph, e.node) for e in node.inputs]
     full = evaluate(traced, inputs)
     combine_of = {"sum": np.add, "max": np.maximum, "min": np.minimum}
-    neutral = {"sum": 0.0, "max": -np.inf, "min": np.inf}
     for parts in (2, 3):
         for s in strategies(traced, parts):
             combine = s.output_layouts[0].combine  # None for output splits
             combined = [None] * len(full)
             for p in range(parts):
-                fill = np.nan if combine is None else neutral[combine]
-                masked = [_masked(x, s.inputs[i][p], 0.0 if is_index[i] else fill)
+                masked = [_masked(x, s.inputs[i][p], np.nan if ranges[i] is None else ranges[i][0])
                           for i, x in enumerate(inputs)]
-                for j, (g, f) in enumerate(zip(evaluate(traced, masked), full)):
-                    if combine is not None:
-                        combined[j] = g if combined[j] is None else combine_of[combine](combined[j], g)
-                        continue
-                    box = tuple(slice(lo, hi + 1) for lo, hi in s.outputs[j][p])
-                    np.testing.assert_allclose(
-                        g[box], f[box], rtol=1e-9, atol=1e-12,
-                        err_msg=f"{name} example {k}, {s.name}, part {p}/{parts}, output {j}")
+                if combine is None:
+                    for j, (g, f) in enumerate(zip(evaluate(traced, masked), full)):
+                        box = tuple(slice(lo, hi + 1) for lo, hi in s.outputs[j][p])
+                        np.testing.assert_allclose(
+                            g[box], f[box], rtol=1e-9, atol=1e-12,
+                            err_msg=f"{name} example {k}, {s.name}, part {p}/{parts}, output {j}")
+                    continue
+                size = traced.extents[s.var] // parts
+                part = traced if p == 0 or combine != "sum" else dataclasses.replace(
+                    traced, outputs=tuple(dataclasses.replace(o, expr=without_free_terms(
+                        o.expr, s.var)) for o in traced.outputs))
+                partials = evaluate(part, masked, within={s.var: (p * size, (p + 1) * size - 1)})
+                for j, g in enumerate(partials):
+                    combined[j] = g if combined[j] is None else combine_of[combine](combined[j], g)
             for j, f in enumerate(full if combine is not None else []):
                 np.testing.assert_allclose(combined[j], f, rtol=1e-9, atol=1e-12,
                                            err_msg=f"{name} example {k}, {s.name}, {parts} parts")
@@ -239,10 +271,20 @@ def test_whole_graph_analysis():
 
 
 def test_unknown_operator_is_reported_not_crashed():
+    """An operator nobody described runs whole on one part; one that reads no tensor runs
+    replicated (each part makes it)."""
     import mxnet as mx
-    graph = import_symbol(mx.sym.SwapAxis(mx.sym.var("x"), dim1=0, dim2=1), x=(2, 3))
-    (r,) = analyse(graph)
-    assert r.status == "unknown" and r.strategies == () and "SwapAxis" in r.reason
+    from tofu_mx.tdl.registry import unregister, _store
+    saved = unregister("SwapAxis")
+    try:
+        graph = import_symbol(mx.sym.SwapAxis(mx.sym.var("x"), dim1=0, dim2=1), x=(2, 3))
+        (r,) = analyse(graph)
+    finally:
+        if saved is not None:
+            _store("SwapAxis", saved)
+    assert r.status == "unknown" and "SwapAxis" in r.reason and r.runs_whole
+    assert [s.name for s in r.strategies] == ["whole"]
+    assert r.strategies[0].input_layouts[0].kind == "first"
 
 
 def test_layout_str():

@@ -1,4 +1,5 @@
 """Every description agrees with MXNet's own kernel on every one of its examples."""
+import numpy as np
 import pytest
 
 import tofu_mx.ops  # noqa: F401
@@ -33,3 +34,23 @@ def test_a_wrong_description_fails_its_check():
                        True, 1e-4, 1e-5)
     results = check_description(fake)
     assert not results[0].ok and "output 0 differs" in str(results[0])
+
+
+def test_an_operator_defined_on_part_of_the_line_is_checked_there():
+    """arccosh is NaN on all of [-1, 1): its declared domain makes the check compare numbers."""
+    desc = lookup("arccosh")
+    assert desc.domain == (1.0, 3.0)
+    result = check_example(desc, desc.examples[0])
+    assert result.ok and np.isfinite(result.max_abs_err)
+
+
+def test_every_described_output_is_compared():
+    """A SliceChannel whose second output repeats the first piece fails its check."""
+    import dataclasses
+    real = lookup("SliceChannel")
+
+    def wrong(attrs, data):
+        pieces = real.fn(attrs, data)
+        return (pieces[0],) * len(pieces)
+    results = check_description(dataclasses.replace(real, fn=wrong))
+    assert any(not r.ok and "output 1 differs" in str(r) for r in results)
