@@ -91,12 +91,14 @@ class _Rewrite:
         return name
 
     def add(self, op: str, base: str, attrs: Mapping[str, str], inputs, device: int,
-            role: str | None) -> int:
+            role: str | None, tagged: bool = True) -> int:
         """Emit a node in ``device``'s group; ``role`` names it in :attr:`counts` (None: not
-        counted, as variables, which :attr:`shards` lists)."""
-        attrs = {**{k: v if isinstance(v, str) else format_attr_value(v)
-                    for k, v in attrs.items() if k != "__ctx_group__"},
-                 "__ctx_group__": group_name(device)}
+        counted, as variables, which :attr:`shards` lists). ``tagged=False``: without the
+        ``__ctx_group__`` attribute (MXNet then places the node with its first input)."""
+        attrs = {k: v if isinstance(v, str) else format_attr_value(v)
+                 for k, v in attrs.items() if k != "__ctx_group__"}
+        if tagged:
+            attrs["__ctx_group__"] = group_name(device)
         self.nodes.append({"op": op, "name": self._name(base), "attrs": attrs,
                            "inputs": [[n, i, 0] for n, i in inputs]})
         self.device.append(device)
@@ -146,6 +148,16 @@ class _Rewrite:
                                        src, "send"), 0) if self.needs_copy(sym) else sym
         return self.memo[key]
 
+    def on_device(self, sym: Sym, d: int) -> Sym:
+        """``sym`` made by a node of device ``d`` (a ``_copy`` there if it lives elsewhere)."""
+        if self.device[sym[0]] == d:
+            return sym
+        key = ("on", sym, d)
+        if key not in self.memo:
+            self.memo[key] = (self.add("_copy", f"{self.nodes[sym[0]]['name']}@on{d}", {}, [sym],
+                                       d, "send"), 0)
+        return self.memo[key]
+
     def needs_copy(self, sym: Sym) -> bool:
         op = self.nodes[sym[0]]["op"]
         if op == "null":
@@ -175,7 +187,11 @@ class _Rewrite:
                 inputs.append(self.variable(entry.node, box, d))
             else:
                 inputs.append(self.region((entry.node, entry.index), box, d, share.pads[j]))
-        nid = self.add(node.op, node.name + self.suffix(d), share.attrs, inputs, d, "operator")
+        tagged = not self.a.ops[i].placed_by_input
+        if not tagged:       # MXNet places it with its first input: that must be on d
+            inputs[0] = self.on_device(inputs[0], d) if inputs else inputs
+        nid = self.add(node.op, node.name + self.suffix(d), share.attrs, inputs, d, "operator",
+                       tagged)
         self.origin[nid] = i
         outs = [(nid, j) for j in range(len(node.outputs))]
         if share.scale is not None and share.scale != 1.0:
@@ -191,7 +207,8 @@ class _Rewrite:
         op = self.a.ops[t[0]]
         groups: dict[tuple, list[int]] = {}
         for e, share in enumerate(op.shares):
-            groups.setdefault((share.outputs[t[1]], share.key), []).append(e)
+            if share is not None:       # None: device e runs none of this operator
+                groups.setdefault((share.outputs[t[1]], share.key), []).append(e)
         by_box: dict[Box, list[list[int]]] = {}
         for (box, _), devices in groups.items():
             by_box.setdefault(box, []).append(devices)
@@ -199,7 +216,7 @@ class _Rewrite:
         for box, options in by_box.items():
             mine = [g for g in options if d in g and not op.loss]
             out.append((box, mine[0] if mine else options[0]))
-        return out, op.shares[0].partial
+        return out, next(s for s in op.shares if s is not None).partial
 
     def stored(self, t: tuple[int, int], d: int) -> Sym:
         key = ("stored", t, d)

@@ -13,10 +13,13 @@ device ``d`` is part ``d // (k / p1)`` of the first cut, and so on. Composing th
 
 A share that cannot run as the operator (no hook answer, or MXNet infers other output
 shapes than the analysis) makes the whole operator run whole on every device instead: a
-``fallback``, reported, never a wrong result.
+``fallback``, reported, never a wrong result. An operator planned ``whole`` at every level (it
+has no description) runs once, on device 0 (part 0 of every cut), and the other devices have
+no share of it: also reported as a fallback.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -25,7 +28,8 @@ from nnvm_passes.ir import FrozenDict, Graph
 from tofu_mx.errors import TofuError
 from tofu_mx.search.plan import Plan
 from tofu_mx.tdl.analysis import pad_values, work_regions
-from tofu_mx.tdl.registry import Attrs, Description, Opaque, lookup, trace
+from tofu_mx.tdl.annotate import described
+from tofu_mx.tdl.registry import Description, Opaque, facts, lookup, registry_key
 from tofu_mx.tdl.shares import resolve
 
 Box = tuple[tuple[int, int], ...]
@@ -47,9 +51,10 @@ class Share:
 
 @dataclass(frozen=True)
 class OpAssignment:
-    shares: tuple[Share, ...]            # one per device
+    shares: tuple[Share | None, ...]     # one per device (None: the device runs none of it)
     fallback: str | None = None          # why the operator runs whole on every device
     loss: bool = False                   # its gradient ignores the head's: one share per box
+    placed_by_input: bool = False        # emitted without __ctx_group__ (see OpFacts)
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,8 @@ def assign(graph: Graph, plan: Plan) -> Assignment:
         read = {e.index for c, _ in consumers.get(i, []) for e in graph.nodes[c].inputs
                 if e.node == i}
         try:
-            ops[i] = _assign_op(graph, i, strategies[node.name], plan.factors, parts, read)
+            op = _assign_op(graph, i, strategies[node.name], plan.factors, parts, read)
+            ops[i] = dataclasses.replace(op, placed_by_input=not facts(node.op).group_attr)
         except TofuError:
             raise
         except Exception as e:  # noqa: BLE001  (re-raised with the node named)
@@ -138,6 +144,14 @@ def _whole_op(graph: Graph, i: int, k: int, reason: str | None, loss: bool) -> O
     return OpAssignment(tuple(share for _ in range(k)), reason, loss)
 
 
+def _on_one_device(graph: Graph, i: int, k: int, loss: bool) -> OpAssignment:
+    """The operator runs whole on device 0 alone (no description to split it by)."""
+    node = graph.nodes[i]
+    share = _whole_op(graph, i, 1, None, loss).shares[0]
+    reason = f"no description of {registry_key(node.op, node.params)}: runs whole on device 0"
+    return OpAssignment((share,) + (None,) * (k - 1), reason, loss)
+
+
 def _assign_op(graph: Graph, i: int, strategies: Sequence[str], factors: Sequence[int],
                parts: list[tuple[int, ...]], read: set[int]) -> OpAssignment:
     node = graph.nodes[i]
@@ -145,22 +159,26 @@ def _assign_op(graph: Graph, i: int, strategies: Sequence[str], factors: Sequenc
     in_shapes = [graph.tensor(e).shape for e in node.inputs]
     out_shapes = [t.shape for t in node.outputs]
     entry = lookup(node.op, node.params)
-    loss = isinstance(entry, Description) and entry.family == "loss"
+    loss = facts(node.op, node.params).loss
     levels = [_parse(s) for s in strategies]
+    if any(verb == "whole" for verb, _ in levels):
+        return _on_one_device(graph, i, k, loss)
     if all(verb == "replicate" for verb, _ in levels):
         return _whole_op(graph, i, k, None, loss)
     if isinstance(entry, Opaque):
         return OpAssignment(tuple(_opaque_share(node, entry, in_shapes, out_shapes, levels,
                                                 factors, p) for p in parts), None, loss)
-    traced = trace(entry, Attrs(node.attrs), in_shapes, out_shapes)
+    entry, traced = described(node.op, node.attrs, in_shapes, out_shapes)
     if max(read, default=0) >= len(traced.outputs):
-        return _whole_op(graph, i, k, f"output {max(read)} is read but not described", loss)
+        return _whole_op(graph, i, k, f"output {max(read)} is read but not described: runs "
+                                      f"whole on every device", loss)
     pads = pad_values(traced)
     shares = []
     for p in parts:
         share = _described_share(node, entry, traced, pads, levels, factors, p)
         if isinstance(share, str):
-            return _whole_op(graph, i, k, share, loss)
+            return _whole_op(graph, i, k, f"a planned share cannot run ({share}): runs whole "
+                                          f"on every device", loss)
         shares.append(share)
     return OpAssignment(tuple(shares), None, loss)
 
@@ -211,9 +229,8 @@ def _opaque_share(node, entry: Opaque, in_shapes, out_shapes, levels, factors, p
     def box(shape, axis):
         b = whole(shape)
         return b if axis is None else b[:axis] + ((lo, hi),) + b[axis + 1:]
-    in_axes = list(entry.batch_axes) + [None] * (len(in_shapes) - len(entry.batch_axes))
-    out_axes = list(entry.output_batch_axes) + [None] * (len(out_shapes) -
-                                                         len(entry.output_batch_axes))
+    in_axes = (list(entry.batch_axes) + [None] * len(in_shapes))[:len(in_shapes)]
+    out_axes = (list(entry.output_batch_axes) + [None] * len(out_shapes))[:len(out_shapes)]
     return Share(node.attrs, tuple(box(s, a) for s, a in zip(in_shapes, in_axes)),
                  (None,) * len(in_shapes), tuple(box(s, a) for s, a in zip(out_shapes, out_axes)),
                  None, tuple(key))

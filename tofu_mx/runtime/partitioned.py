@@ -23,6 +23,8 @@ from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.search.cut import needs_grad_of
 from tofu_mx.search.plan import Plan, SearchOptions, budgets_of, plan_graph
 from tofu_mx.summary import format_bytes
+from tofu_mx.tdl.annotate import import_graph
+from tofu_mx.tdl.registry import lookup, registry_key
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,8 @@ class PartitionedSymbol:
 
     @property
     def fallbacks(self) -> dict[str, str]:
-        """Operators run whole on every device instead of as planned, and why."""
+        """Operators that run whole instead of split, and why: those with no description (on
+        one device) and those whose planned shares cannot run (on every device)."""
         return {self.graph.nodes[i].name: why for i, why in self.assignment.fallbacks.items()}
 
     def report(self, max_rows: int = 20) -> str:
@@ -264,7 +267,7 @@ class PartitionedSymbol:
         counts = ", ".join(f"{n} {role}" for role, n in self.node_counts.items())
         lines.append(f"rewrite: {counts}; {len(self.shards)} variables")
         for name, why in list(self.fallbacks.items())[:10]:
-            lines.append(f"  run whole (fallback): {name}: {why}")
+            lines.append(f"  runs whole (fallback): {name}: {why}")
         lines.append("memory per device:")
         for m in self.memory_per_device():
             lines.append(f"  {m.device:<8} weights {format_bytes(m.weights)}, gradients "
@@ -286,15 +289,17 @@ def _slices(box) -> tuple[slice, ...]:
     return tuple(slice(lo, hi + 1) for lo, hi in box)
 
 
-def _check_operators(graph: Graph, plan: Plan, k: int) -> None:
+def _check_operators(graph: Graph, plan: Plan, k: int, strict: bool) -> None:
     if k == 1:
         return
-    stuck = [o for o in plan.opaque if o.endswith(": no description")]
-    if stuck:
+    stuck = [f"{n.name} ({registry_key(n.op, n.params)})" for n in graph.operators()
+             if lookup(n.op, n.params) is None]
+    if stuck and strict:
         raise UnsupportedOperatorError(
-            f"{len(stuck)} operator(s) have no TDL description and no batch axis, so they "
-            f"cannot be partitioned: {', '.join(stuck[:5])}. Describe them with "
-            f"@tofu_mx.tdl.op(...) or register tofu_mx.tdl.opaque(name, reason, batch_axes=...)")
+            f"{len(stuck)} operator(s) have no TDL description, so they cannot be partitioned: "
+            f"{', '.join(stuck[:5])}{' ...' if len(stuck) > 5 else ''}. Describe them with "
+            f"@tofu_mx.tdl.op(...), register tofu_mx.tdl.opaque(name, reason, batch_axes=...), "
+            f"or pass strict=False to run each whole on one device")
     if not any(layout.startswith("split") for t in plan.tensors for layout in t.layouts):
         shapes = sorted({t.shape for t in plan.tensors if t.kind in ("data", "param")},
                         key=lambda s: -int(np.prod(s)))[:4]
@@ -306,7 +311,8 @@ def _check_operators(graph: Graph, plan: Plan, k: int) -> None:
 
 def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
               memory_budget=None, options: SearchOptions | None = None,
-              dtypes: Mapping[str, Any] | None = None, **shapes) -> PartitionedSymbol:
+              dtypes: Mapping[str, Any] | None = None, strict: bool = False,
+              **shapes) -> PartitionedSymbol:
     """Partition ``symbol`` over the devices ``ctx`` (any number, ``mx.cpu(i)`` or
     ``mx.gpu(i)``), for the input ``shapes`` given by name (``data=(32, 3, 224, 224)``).
 
@@ -315,16 +321,20 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     plan moves the fewest bytes (``options.memory_weight``, 0 by default, as Tofu). With
     one, plans that trade bytes moved for memory (``MEMORY_WEIGHTS``) are tried in turn
     until ``memory_per_device()`` fits; :class:`tofu_mx.NoFeasiblePlanError` if none does.
-    The caller's symbol is not modified.
+    An operator with no TDL description runs whole on one device (listed in
+    :attr:`PartitionedSymbol.fallbacks`, with one warning); ``strict=True`` refuses the graph
+    instead (:class:`tofu_mx.UnsupportedOperatorError`). The caller's symbol is not modified.
     """
     symbol = check_symbol(symbol, "symbol")
     contexts = check_contexts(ctx)
     options = options or SearchOptions()
-    graph = import_symbol(symbol, dtypes=dtypes, **shapes)
+    if not isinstance(strict, bool):
+        raise InvalidArgumentError(f"strict must be True or False, got {strict!r}")
+    graph = import_graph(symbol, dtypes=dtypes, **shapes)
     k = len(contexts)
     if memory_budget is None:
         plan = plan_graph(graph, k, options=options)
-        _check_operators(graph, plan, k)
+        _check_operators(graph, plan, k, strict)
         return apply_plan(symbol, graph, plan, contexts)
     budgets = budgets_of(memory_budget, k)
     failures: list[NoFeasiblePlanError] = []
@@ -336,7 +346,7 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         except NoFeasiblePlanError as e:    # the plan's own lower bound is over already
             failures.append(e)
             continue
-        _check_operators(graph, plan, k)
+        _check_operators(graph, plan, k, strict)
         ptd = apply_plan(symbol, graph, plan, contexts)
         mem = ptd.memory_per_device()
         over = [(d, m, b) for d, (m, b) in enumerate(zip(mem, budgets)) if m.total > b]
@@ -368,12 +378,11 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
     result = rewrite(graph, assignment, ordered)
     ptd = PartitionedSymbol(symbol, graph, plan, assignment, result, list(contexts))
     _check_rewrite(ptd)
-    whole = [ptd.graph.nodes[i].name for i in assignment.fallbacks]
+    whole = [f"{ptd.graph.nodes[i].name}: {why}" for i, why in assignment.fallbacks.items()]
     if whole:
-        warnings.warn(f"{len(whole)} operator(s) run whole on every device instead of as "
-                      f"planned, moving more bytes than the plan counted (see "
-                      f"PartitionedSymbol.fallbacks): {', '.join(whole[:5])}",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{len(whole)} operator(s) run whole instead of split (see "
+                      f"PartitionedSymbol.fallbacks): {'; '.join(whole[:5])}"
+                      f"{' ...' if len(whole) > 5 else ''}", RuntimeWarning, stacklevel=2)
     return ptd
 
 
@@ -385,6 +394,10 @@ def _check_rewrite(ptd: PartitionedSymbol) -> None:
     if got != want:
         raise TofuError(f"internal: the partitioned graph's outputs have shapes {got}, the "
                         f"original's {want}")
-    placed = [n.name for n in graph.nodes if n.ctx_group not in ptd.group2ctx]
+    def group(node):    # an untagged operator is placed with its first input (OpFacts)
+        if node.ctx_group is None and not node.is_variable and node.inputs:
+            return group(graph.nodes[node.inputs[0].node])
+        return node.ctx_group
+    placed = [n.name for n in graph.nodes if group(n) not in ptd.group2ctx]
     if placed:
         raise TofuError(f"internal: nodes without a device group: {placed[:5]}")

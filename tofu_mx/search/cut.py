@@ -33,15 +33,13 @@ from typing import Sequence
 
 import numpy as np
 
-import tofu_mx.ops  # noqa: F401  (registers the built-in descriptions)
 from nnvm_passes.backward import backward_reads
 from nnvm_passes.ir import Graph
 from tofu_mx.search.cost import consumer_bytes, converted_bytes, producer_bytes
 from tofu_mx.search.problem import Problem, make_problem
-from tofu_mx.tdl.analysis import Layout, Strategy, opaque_strategies, strategies
-from tofu_mx.tdl.lang import TDLError
-from tofu_mx.tdl.registry import Attrs, Description, lookup, trace
-from tofu_mx.tdl.shares import runs_as_operator
+from tofu_mx.tdl.analysis import Layout, Strategy
+from tofu_mx.tdl.annotate import annotate, replicate_strategy
+from tofu_mx.tdl.registry import facts
 
 Shape = tuple[int, ...]
 StoreLayout = tuple  # ("split", axis) or ("replicated",)
@@ -68,43 +66,11 @@ class View:
                     {(i, k): t.shape for i in ops for k, t in enumerate(graph.nodes[i].outputs)})
 
 
-def replicate_strategy(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
-                       parts: int) -> Strategy:
-    """Every part computes the whole operator from whole inputs."""
-    def whole(shape):
-        return tuple(tuple((0, n - 1) for n in shape) for _ in range(parts))
-    ins, outs = tuple(whole(s) for s in in_shapes), tuple(whole(s) for s in out_shapes)
-    return Strategy("all", "replicate", parts, ins, outs,
-                    tuple(Layout("replicated") for _ in ins),
-                    tuple(Layout("replicated") for _ in outs))
-
-
 def op_strategies(graph: Graph, index: int, view: View, parts: int) -> list[Strategy]:
+    """The strategies of one operator at its work view (:func:`tofu_mx.tdl.annotate.annotate`)."""
     node = graph.nodes[index]
-    return list(_strategies_of(node.op, node.attrs, view.op_in[index], view.op_out[index], parts))
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _strategies_of(op: str, attrs, ins: tuple, outs: tuple, parts: int) -> tuple[Strategy, ...]:
-    """The strategies of one operator at its work view; running it replicated only when it has
-    none (an opaque operator, or no axis this cut divides). Like Tofu, the search does not
-    trade redundant computation for fewer bytes, nor offer a strategy some share of which
-    cannot run as the operator (:mod:`tofu_mx.tdl.shares`): LayerNorm split on its normalised
-    axis, BatchNorm on the batch (each part reads the whole batch). Assign would run those
-    whole on every device, which moves and keeps far more than the strategy counts (measured:
-    WResNet-26-W2 at k=8, 640 MiB moved where the plan counted 365)."""
-    entry = lookup(op, Attrs(attrs))
-    found: list[Strategy] = []
-    if isinstance(entry, Description):
-        try:
-            traced = trace(entry, Attrs(attrs), ins, outs)
-            found = [s for s in strategies(traced, parts)
-                     if runs_as_operator(entry, op, attrs, traced, s)]
-        except TDLError:
-            found = []   # a work view the description cannot trace: run it replicated
-    elif entry is not None:
-        found = opaque_strategies(entry, ins, outs, parts)
-    return tuple(found or [replicate_strategy(ins, outs, parts)])
+    return list(annotate(node.op, node.attrs, view.op_in[index], view.op_out[index],
+                         parts).strategies)
 
 
 def store_layouts(shape: Shape, parts: int) -> list[StoreLayout]:
@@ -458,13 +424,13 @@ def _producer(layout, shape, produced, partial, itemsize, grad):
 
 def needs_grad_of(graph: Graph) -> dict[tuple[int, int], bool]:
     """Whether each tensor carries a gradient: parameters do, and whatever is computed from
-    them, except through BlockGrad."""
+    them, except through an operator that declares no gradient (BlockGrad, argmax)."""
     grad: dict[tuple[int, int], bool] = {}
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
             grad[(i, 0)] = node.kind == "param"
             continue
-        flows = node.op not in ("BlockGrad", "stop_gradient") and \
+        flows = facts(node.op, node.params).gradient and \
             any(grad[(e.node, e.index)] for e in node.inputs)
         for k in range(len(node.outputs)):
             grad[(i, k)] = flows

@@ -1,51 +1,136 @@
-"""Annotate and analyse a graph: each operator node gets its description and strategies.
+"""Annotate and analyse: each operator node gets its description and its strategies.
 
-This is the pipeline's ``annotate -> analyse`` step: ``analyse(graph, parts)`` returns one
-:class:`NodeAnalysis` per operator node, with the strategies derived from its description
-(or the batch split of an opaque operator that declares one).
+This is the pipeline's ``annotate -> analyse`` step and its one entry point: the search, the
+assignment and the coverage report all ask :func:`annotate` (cached; the cache is keyed on
+the registry's generation, so registering or replacing a description is seen at once) or
+:func:`described` (the traced description of one node).
+
+What an operator without strategies does is decided here too: a described or opaque operator
+that no cut divides (or whose description cannot trace a work view) runs *replicated*: every
+part computes it whole from whole inputs. An operator with no description runs *whole on one
+device* (:func:`whole_strategy`), its inputs gathered there and its outputs handed to their
+readers: it may be random or keep state, so it runs once. One that reads no tensor at all
+runs replicated.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import tofu_mx.ops  # noqa: F401  (registers the built-in descriptions)
-from nnvm_passes.ir import Graph
-from tofu_mx.tdl.analysis import Strategy, opaque_strategies, strategies
+from nnvm_passes.importer import import_symbol
+from nnvm_passes.ir import FrozenDict, Graph
+from tofu_mx.tdl.analysis import Layout, Strategy, opaque_strategies, strategies
 from tofu_mx.tdl.lang import TDLError
-from tofu_mx.tdl.registry import Attrs, Description, lookup, registry_key, trace
+from tofu_mx.tdl.registry import (Attrs, Description, Traced, generation, label_inputs, lookup,
+                                  registry_key, trace)
+from tofu_mx.tdl.shares import runs_as_operator
 
 #: What the analysis knows of an operator.
-DESCRIBED, OPAQUE, UNKNOWN = "described", "opaque", "unknown"
+DESCRIBED, OPAQUE, UNKNOWN, FAILED = "described", "opaque", "unknown", "failed"
+
+Shape = tuple[int, ...]
+
+
+def import_graph(symbol: Any, *, dtypes: Mapping[str, Any] | None = None,
+                 data_names: list[str] | None = None, **shapes: Any) -> Graph:
+    """:func:`nnvm_passes.importer.import_symbol`, knowing from the descriptions which
+    operator inputs are labels."""
+    return import_symbol(symbol, dtypes=dtypes, data_names=data_names,
+                         label_inputs=label_inputs, **shapes)
 
 
 @dataclass(frozen=True)
 class NodeAnalysis:
-    index: int
-    name: str
+    """One operator at given shapes: what is known of it and how it can run in ``parts``."""
+
     op: str
-    status: str                      # described | opaque | unknown
-    reason: str                      # why an operator is opaque or unknown
-    strategies: tuple[Strategy, ...]
+    status: str                      # described | opaque | unknown | failed
+    reason: str                      # why an operator is opaque, unknown or failed
+    strategies: tuple[Strategy, ...]  # never empty: replicated or whole as the last resort
+
+    @property
+    def runs_whole(self) -> bool:
+        """Whether it runs whole on one device (no description to split it by)."""
+        return any(s.kind == "whole" for s in self.strategies)
+
+
+def replicate_strategy(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+                       parts: int) -> Strategy:
+    """Every part computes the whole operator from whole inputs."""
+    def every(shape):
+        return tuple(tuple((0, n - 1) for n in shape) for _ in range(parts))
+    ins, outs = tuple(every(s) for s in in_shapes), tuple(every(s) for s in out_shapes)
+    return Strategy("all", "replicate", parts, ins, outs,
+                    tuple(Layout("replicated") for _ in ins),
+                    tuple(Layout("replicated") for _ in outs))
+
+
+def whole_strategy(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
+                   parts: int) -> Strategy:
+    """Part 0 computes the whole operator; the other parts compute nothing."""
+    def first(shape):
+        return (tuple((0, n - 1) for n in shape),) + (None,) * (parts - 1)
+    ins, outs = tuple(first(s) for s in in_shapes), tuple(first(s) for s in out_shapes)
+    return Strategy("one", "whole", parts, ins, outs, tuple(Layout("first") for _ in ins),
+                    tuple(Layout("first") for _ in outs))
+
+
+def annotate(op: str, attrs: FrozenDict, in_shapes: tuple, out_shapes: tuple,
+             parts: int = 2) -> NodeAnalysis:
+    """The analysis of one ``op`` node with these attributes (MXNet's strings) and shapes."""
+    return _annotate(op, FrozenDict(attrs), tuple(map(tuple, in_shapes)),
+                     tuple(map(tuple, out_shapes)), parts, generation())
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _annotate(op: str, attrs: FrozenDict, ins: tuple, outs: tuple, parts: int,
+              _generation: int) -> NodeAnalysis:
+    """Like Tofu, the search does not trade redundant computation for fewer bytes, nor offer
+    a strategy some share of which cannot run as the operator (:mod:`tofu_mx.tdl.shares`):
+    LayerNorm split on its normalised axis, BatchNorm on the batch (each part reads the whole
+    batch); run whole on every device, those would move and keep far more than counted."""
+    entry = lookup(op, Attrs(attrs))
+    if entry is None:
+        status, reason, found = UNKNOWN, f"no description of {registry_key(op, attrs)}", []
+    elif not isinstance(entry, Description):
+        status, reason = OPAQUE, entry.reason
+        found = opaque_strategies(entry, ins, outs, parts)
+    else:
+        try:
+            traced = trace(entry, Attrs(attrs), ins, outs)
+            status, reason = DESCRIBED, ""
+            found = [s for s in strategies(traced, parts)
+                     if runs_as_operator(entry, op, attrs, traced, s)]
+        except TDLError as e:
+            status, reason, found = FAILED, f"its description fails here: {e}", []
+    if not found:
+        runs_whole = status == UNKNOWN and len(ins) > 0
+        found = [(whole_strategy if runs_whole else replicate_strategy)(ins, outs, parts)]
+    return NodeAnalysis(op, status, reason, tuple(found))
+
+
+def described(op: str, attrs: FrozenDict, in_shapes: Sequence[Shape],
+              out_shapes: Sequence[Shape]) -> tuple[Description, Traced] | None:
+    """The description of one node traced at these shapes, or None (not described)."""
+    return _described(op, FrozenDict(attrs), tuple(map(tuple, in_shapes)),
+                      tuple(map(tuple, out_shapes)), generation())
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _described(op: str, attrs: FrozenDict, ins: tuple, outs: tuple,
+               _generation: int) -> tuple[Description, Traced] | None:
+    entry = lookup(op, Attrs(attrs))
+    if not isinstance(entry, Description):
+        return None
+    return entry, trace(entry, Attrs(attrs), ins, outs)
 
 
 def analyse_node(graph: Graph, index: int, parts: int = 2) -> NodeAnalysis:
     node = graph.nodes[index]
-    entry = lookup(node.op, node.params)
-    in_shapes = [graph.tensor(e).shape for e in node.inputs]
-    out_shapes = [t.shape for t in node.outputs]
-    if entry is None:
-        return NodeAnalysis(index, node.name, node.op, UNKNOWN,
-                            f"no description registered for {registry_key(node.op, node.params)}",
-                            ())
-    if not isinstance(entry, Description):
-        found = opaque_strategies(entry, in_shapes, out_shapes, parts)
-        return NodeAnalysis(index, node.name, node.op, OPAQUE, entry.reason, tuple(found))
-    try:
-        traced = trace(entry, Attrs(node.attrs), in_shapes, out_shapes)
-        found = strategies(traced, parts)
-    except TDLError as e:
-        raise TDLError(f"while analysing node {node.name!r} ({node.op}): {e}") from e
-    return NodeAnalysis(index, node.name, node.op, DESCRIBED, "", tuple(found))
+    return annotate(node.op, node.attrs, tuple(graph.tensor(e).shape for e in node.inputs),
+                    tuple(t.shape for t in node.outputs), parts)
 
 
 def analyse(graph: Graph, parts: int = 2) -> tuple[NodeAnalysis, ...]:

@@ -14,7 +14,8 @@ def float64(shapes):
     return {name: "float64" for name in shapes}
 
 
-def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, **shapes):
+def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=None,
+                         **shapes):
     """Partition ``sym`` over k CPU devices and verify it against one device (outputs, every
     gradient, every aux state); returns (PartitionedSymbol, VerificationReport)."""
     ctx = [mx.cpu(i) for i in range(k)]
@@ -26,5 +27,6 @@ def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, **shape
         else:
             graph = import_symbol(sym, dtypes=dtypes, **shapes)
             ptd = apply_plan(sym, graph, plan_graph(graph, k, choose=forced(choose)), ctx)
-    report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, **shapes)
+    report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, arrays=arrays,
+                            **shapes)
     return ptd, report

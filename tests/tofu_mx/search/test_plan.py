@@ -140,11 +140,16 @@ def test_bad_device_count():
 
 
 def test_unknown_operators_are_listed_and_run_whole():
-    x = mx.sym.SwapAxis(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc"),
-                        dim1=0, dim2=1, name="swap")
-    p = plan(x, 2, data=(4, 8))
-    assert p.opaque == ("swap (SwapAxis): no description",)
-    assert dict((o.name, o.strategies) for o in p.ops)["swap"] == ("replicate all",)
+    from tests.tofu_mx.runtime.custom_ops import cube
+    x = cube(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc"), name="cube")
+    for k in (2, 4, 6):
+        p = plan(x, k, data=(12, 8))
+        assert p.opaque == ("cube (Custom): no description",)
+        assert dict((o.name, o.strategies) for o in p.ops)["cube"] == ("whole",) * len(p.factors)
+        # its input is gathered on one device and its output scattered: both are counted
+        described = plan(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc") ** 3,
+                         k, data=(12, 8))
+        assert p.total_bytes > described.total_bytes
 
 
 @pytest.mark.parametrize("name, sym, shapes", [
