@@ -100,7 +100,7 @@ def _pool_window_count(shape, xs, kernel, stride, pad, include_pad):
     return Sum(lam([f"c{k}" for k in range(n)], inside), *kernel)
 
 
-def _pool_shard(attrs, ctx):
+def _pool_shard(attrs, ctx, legacy=False):
     n = len(ctx.input_shapes[0]) - 2
     kind = attrs.get("pool_type", "max")
     if attrs.get("global_pool", False):
@@ -116,12 +116,55 @@ def _pool_shard(attrs, ctx):
         return -((length + 2 * pad - k) // -s) + 1 if full else _conv_size(length, pad, k, s)
     # Materialised pads are read like data: right for max (its pad value is -inf) and for an
     # average that counts the pad; not for one that skips it, nor past the "full" border.
-    explicit_ok = kind == "max" or (attrs.get("count_include_pad", True) and not full)
+    # Pooling_v1 pads with zeros for every kind and divides by the kernel's area: right
+    # except past the "full" border, which it skips.
+    if legacy:
+        explicit_ok = not full
+    else:
+        explicit_ok = kind == "max" or (attrs.get("count_include_pad", True) and not full)
     found = _window_pads(ctx, range(2, n + 2), kernel, stride, size, explicit_ok)
     if found is None:
         return None
     pads, explicit = found
     return Shard({"pad": pads}, {0: explicit} if explicit else {})
+
+
+def _pool_v1_shard(attrs, ctx):
+    return _pool_shard(attrs, ctx, legacy=True)
+
+
+def describe_pooling(attrs, data, legacy=False):
+    """Pooling, or (``legacy``) Pooling_v1: its pad is zeros for max too, positions past the
+    padded input ("full" convention) are skipped, and average divides by the kernel's area."""
+    n = data.ndim - 2
+    spatial = data.shape[2:]
+    if attrs.get("global_pool", False):
+        kernel, stride, pad = tuple(spatial), (1,) * n, (0,) * n
+    else:
+        kernel = tuple(attrs["kernel"])
+        stride, pad = _spatial(attrs, "stride", n, 1), _spatial(attrs, "pad", n, 0)
+    kind = attrs.get("pool_type", "max")
+    source = data.padded(-math.inf if kind == "max" and not legacy else 0.0)
+
+    def out(b, c, *xs):
+        def window(*ds):
+            pos = tuple(x * s + d - p for x, d, s, p in zip(xs, ds, stride, pad))
+            value = source[(b, c, *pos)]
+            if legacy and kind == "max":
+                for i, p, size in zip(pos, pad, spatial):
+                    value = where(in_range(i, -p, size + p), value, -math.inf)
+            return value
+        names = [f"d{k}" for k in range(n)]
+        if kind == "max":
+            return Max(lam(names, window), *kernel)
+        total = Sum(lam(names, window), *kernel)
+        if kind == "sum":
+            return total
+        if legacy:
+            return total / math.prod(kernel)
+        include = attrs.get("count_include_pad", True)
+        return total / _pool_window_count(spatial, xs, kernel, stride, pad, include)
+    return lam(["b", "c"] + [f"x{k}" for k in range(n)], out)
 
 
 @op("Pooling", shard=_pool_shard, examples=[
@@ -142,25 +185,4 @@ def _pool_shard(attrs, ctx):
 def pooling(attrs, data):
     """Max, average or sum over a window; windows reach into the pad (and, with the "full"
     convention, past it), which max ignores and average counts as MXNet does."""
-    n = data.ndim - 2
-    spatial = data.shape[2:]
-    if attrs.get("global_pool", False):
-        kernel, stride, pad = tuple(spatial), (1,) * n, (0,) * n
-    else:
-        kernel = tuple(attrs["kernel"])
-        stride, pad = _spatial(attrs, "stride", n, 1), _spatial(attrs, "pad", n, 0)
-    kind = attrs.get("pool_type", "max")
-    source = data.padded(-math.inf if kind == "max" else 0.0)
-
-    def out(b, c, *xs):
-        def window(*ds):
-            return source[(b, c, *(x * s + d - p for x, d, s, p in zip(xs, ds, stride, pad)))]
-        names = [f"d{k}" for k in range(n)]
-        if kind == "max":
-            return Max(lam(names, window), *kernel)
-        total = Sum(lam(names, window), *kernel)
-        if kind == "sum":
-            return total
-        include = attrs.get("count_include_pad", True)
-        return total / _pool_window_count(spatial, xs, kernel, stride, pad, include)
-    return lam(["b", "c"] + [f"x{k}" for k in range(n)], out)
+    return describe_pooling(attrs, data)

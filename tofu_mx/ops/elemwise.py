@@ -8,7 +8,7 @@ _X = [(2, 3, 4)]
 _XX = [(2, 3, 4), (2, 3, 4)]
 
 
-def _map(data, f):
+def each(data, f):
     """out[i...] = f(data[i...]) over every axis of data."""
     return lam(data.ndim, lambda *i: f(data[i]))
 
@@ -19,35 +19,36 @@ _ACTIVATIONS = {"relu": lambda x: maximum(x, 0.0), "sigmoid": sigmoid, "tanh": t
 
 @op("Activation", examples=[({"act_type": a}, _X) for a in _ACTIVATIONS])
 def activation(attrs, data):
-    return _map(data, _ACTIVATIONS[attrs["act_type"]])
+    return each(data, _ACTIVATIONS[attrs["act_type"]])
 
 
-def _unary(name, f, examples=(({}, _X),), **kw):
-    op(name, examples=list(examples), **kw)(lambda attrs, data: _map(data, f))
+def unary_op(name, f, examples=(({}, _X),), **kw):
+    """Register ``name`` as out = f(data), elementwise (``kw``: as for :func:`op`)."""
+    op(name, examples=list(examples), **kw)(lambda attrs, data: each(data, f))
 
 
-_unary("relu", lambda x: maximum(x, 0.0))
-_unary("sigmoid", sigmoid)
-_unary("tanh", tanh)
-_unary("exp", exp)
-_unary("log", log)    # NaN below 0 in both; the check compares NaNs as equal
-_unary("sqrt", sqrt)
-_unary("negative", lambda x: -x)
-_unary("abs", absolute)
-_unary("square", lambda x: x * x)
-_unary("_copy", lambda x: x)
-_unary("BlockGrad", lambda x: x)
-_unary("Cast", lambda x: x, examples=[({"dtype": "float32"}, _X), ({"dtype": "float64"}, _X)])
+unary_op("relu", lambda x: maximum(x, 0.0))
+unary_op("sigmoid", sigmoid)
+unary_op("tanh", tanh)
+unary_op("exp", exp)
+unary_op("log", log, domain=(0.1, 3.0))
+unary_op("sqrt", sqrt, domain=(0.0, 3.0))
+unary_op("negative", lambda x: -x)
+unary_op("abs", absolute)
+unary_op("square", lambda x: x * x)
+unary_op("_copy", lambda x: x)
+unary_op("BlockGrad", lambda x: x, gradient=False)
+unary_op("Cast", lambda x: x, examples=[({"dtype": "float32"}, _X), ({"dtype": "float64"}, _X)])
 # Training-mode Dropout multiplies by a random mask: still one element in, one out, so it
 # splits like any elementwise op. The check runs it in inference mode (the identity).
-_unary("Dropout", lambda x: x, examples=[({"p": 0.5}, _X)], train=False,
-       note="random in training; checked in inference mode, where it is the identity")
+unary_op("Dropout", lambda x: x, examples=[({"p": 0.5}, _X)], train=False, random=True,
+         note="random in training; checked in inference mode, where it is the identity")
 
 
 @op("clip", examples=[({"a_min": 0, "a_max": 0.5}, _X), ({"a_min": -0.2, "a_max": 6}, _X)])
 def clip(attrs, data):
     lo, hi = float(attrs["a_min"]), float(attrs["a_max"])
-    return _map(data, lambda x: minimum(maximum(x, lo), hi))
+    return each(data, lambda x: minimum(maximum(x, lo), hi))
 
 
 _SELU_LAMBDA, _SELU_ALPHA = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717
@@ -73,24 +74,25 @@ def leaky_relu(attrs, data, gamma=None):
         "selu": lambda x: _SELU_LAMBDA * _SELU_ALPHA * (exp(x) - 1.0),
     }
     if kind == "gelu":
-        return _map(data, lambda x: 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))))
+        return each(data, lambda x: 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))))
     scale = _SELU_LAMBDA if kind == "selu" else 1.0
-    return _map(data, lambda x: where(greater(x, 0.0), scale * x, negative[kind](x)))
+    return each(data, lambda x: where(greater(x, 0.0), scale * x, negative[kind](x)))
 
 
 _BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "div": lambda a, b: a / b, "maximum": maximum, "minimum": minimum}
 
 
-def _elemwise(name, f):
-    op(name, examples=[({}, _XX)])(
+def elemwise_op(name, f, **kw):
+    """Register ``name`` as out = f(lhs, rhs) of two inputs of one shape."""
+    op(name, examples=[({}, _XX)], **kw)(
         lambda attrs, lhs, rhs: lam(lhs.ndim, lambda *i: f(lhs[i], rhs[i])))
 
 
 for _name in ("add", "sub", "mul", "div"):
-    _elemwise(f"elemwise_{_name}", _BINARY[_name])
-_elemwise("_maximum", maximum)
-_elemwise("_minimum", minimum)
+    elemwise_op(f"elemwise_{_name}", _BINARY[_name])
+elemwise_op("_maximum", maximum)
+elemwise_op("_minimum", minimum)
 
 
 @op("add_n", examples=[({"num_args": 3}, [(2, 3)] * 3), ({"num_args": 1}, [(4,)])])
@@ -110,14 +112,14 @@ _SCALAR = {"_plus_scalar": lambda x, s: x + s, "_minus_scalar": lambda x, s: x -
            "_power_scalar": lambda x, s: x ** s}
 
 
-def _scalar(name, f):
-    scalar = 2.0 if name == "_power_scalar" else 0.7
-    op(name, examples=[({"scalar": scalar}, _X)])(
-        lambda attrs, data: _map(data, lambda x: f(x, float(attrs["scalar"]))))
+def scalar_op(name, f, scalars=(0.7,), **kw):
+    """Register ``name`` as out = f(data, scalar), one example per scalar."""
+    op(name, examples=[({"scalar": s}, _X) for s in scalars], **kw)(
+        lambda attrs, data: each(data, lambda x: f(x, float(attrs["scalar"]))))
 
 
 for _name, _f in _SCALAR.items():
-    _scalar(_name, _f)
+    scalar_op(_name, _f, scalars=(2.0,) if _name == "_power_scalar" else (0.7,))
 
 
 def broadcast_index(tensor, out_index):
@@ -127,18 +129,19 @@ def broadcast_index(tensor, out_index):
     return tuple(0 if n == 1 else i for n, i in zip(tensor.shape, out_index[skip:]))
 
 
-def _broadcast(name, f):
+def broadcast_op(name, f, **kw):
+    """Register ``name`` as out = f(lhs, rhs) with NumPy-style broadcasting."""
     examples = [({}, [(2, 3, 4), (2, 1, 4)]), ({}, [(1, 3, 1), (2, 3, 4)]), ({}, [(2, 3), (2, 3)])]
 
-    @op(name, examples=examples)
+    @op(name, examples=examples, **kw)
     def describe(attrs, lhs, rhs):
         rank = max(lhs.ndim, rhs.ndim)
         return lam(rank, lambda *i: f(lhs[broadcast_index(lhs, i)], rhs[broadcast_index(rhs, i)]))
 
 
 for _name, _f in _BINARY.items():
-    _broadcast(f"broadcast_{_name}", _f)
-_broadcast("broadcast_power", lambda a, b: a ** b)
+    broadcast_op(f"broadcast_{_name}", _f)
+broadcast_op("broadcast_power", lambda a, b: a ** b)
 
 
 @op("broadcast_to", examples=[({"shape": (2, 3, 4)}, [(2, 1, 4)]), ({"shape": (3, 2)}, [(1, 2)])])

@@ -1,6 +1,7 @@
 """Loss heads. Their forward pass ignores the label; the gradient reads it, which the
 descriptions declare with ``depends`` so the label gets a region like the data's."""
-from tofu_mx.tdl import Max, Shard, Sum, depends, exp, lam, op, sigmoid
+from tofu_mx.tdl import (Max, Shard, Sum, depends, exp, index, lam, log, maximum, op,
+                         sigmoid)
 
 
 def _softmax_output_shard(attrs, ctx):
@@ -16,7 +17,13 @@ def _softmax_output_shard(attrs, ctx):
     return Shard()
 
 
-@op("SoftmaxOutput", shard=_softmax_output_shard, examples=[({}, [(3, 5), (3,)]), ({"multi_output": True}, [(2, 3, 4), (2, 4)]),
+def _classes(attrs, shapes):
+    """Class labels index the class axis: 1 with multi_output, else the last."""
+    return 0, shapes[0][1 if attrs.get("multi_output", False) else -1]
+
+
+@op("SoftmaxOutput", shard=_softmax_output_shard, labels=(1,), loss=True,
+    index_inputs={1: _classes}, examples=[({}, [(3, 5), (3,)]), ({"multi_output": True}, [(2, 3, 4), (2, 4)]),
                                ({"preserve_shape": True}, [(2, 3, 4), (2, 3)]),
                                ({}, [(2, 3, 2), (2, 3)]), ({"grad_scale": 2.0}, [(4, 3), (4,)])])
 def softmax_output(attrs, data, label):
@@ -42,7 +49,8 @@ def softmax_output(attrs, data, label):
 
 
 def _regression(name, f):
-    op(name, examples=[({}, [(3, 4), (3, 4)]), ({"grad_scale": 0.5}, [(2, 3), (2, 3)])])(
+    op(name, labels=(1,), loss=True,
+       examples=[({}, [(3, 4), (3, 4)]), ({"grad_scale": 0.5}, [(2, 3), (2, 3)])])(
         lambda attrs, data, label: lam(data.ndim, lambda *i: depends(f(data[i]), label[i])))
 
 
@@ -52,7 +60,57 @@ _regression("LogisticRegressionOutput", sigmoid)
 
 
 # MakeLoss: its forward is the identity; its gradient (grad_scale, normalised like
-# SoftmaxOutput's) ignores the head's, which is why it lives with the losses.
-op("MakeLoss", shard=_softmax_output_shard,
+# SoftmaxOutput's) ignores the head's: a loss head.
+op("MakeLoss", shard=_softmax_output_shard, loss=True,
    examples=[({}, [(2, 3)]), ({"grad_scale": 2.0}, [(2, 3)])])(
     lambda attrs, data: lam(data.ndim, lambda *i: data[i]))
+
+
+# make_loss (lowercase): the identity, whose gradient is ones_like(data) whatever the head's
+# gradient (no grad_scale, no normalisation, unlike MakeLoss): a loss head.
+op("make_loss", loss=True, examples=[({}, [(2, 3)]), ({}, [(4,)])])(
+    lambda attrs, data: lam(data.ndim, lambda *i: data[i]))
+
+
+def _last_axis_classes(attrs, shapes):
+    return 0, shapes[0][-1]
+
+
+def _whole_classes(attrs, ctx):
+    """The SVM gradient compares each class's position with the label: a share must hold
+    every class (the label is not offset into a slice of them)."""
+    data = ctx.inputs[0]
+    if data is not None and ctx.size(data)[-1] != ctx.input_shapes[0][-1]:
+        return None
+    return Shard()
+
+
+@op("SVMOutput", shard=_whole_classes, labels=(1,), loss=True,
+    index_inputs={1: _last_axis_classes},
+    examples=[({}, [(3, 5), (3,)]), ({"margin": 0.5, "use_linear": True}, [(4, 3), (4,)]),
+              ({"regularization_coefficient": 2.0}, [(2, 3, 4), (2, 3)])])
+def svm_output(attrs, data, label):
+    """The identity forward; the (L1 or L2) hinge gradient, computed from the label alone
+    (the head's gradient is ignored), reads the label of each row: classes on the last axis,
+    the label shaped like the other axes."""
+    lead = data.ndim - 1
+    return lam(data.ndim, lambda *i: depends(data[i], label[i[:lead]]))
+
+
+@op("softmax_cross_entropy", labels=(1,), index_inputs={1: lambda a, s: (0, s[0][1])},
+    examples=[({}, [(3, 5), (3,)]), ({}, [(4, 2), (4,)]), ({}, [(1, 6), (1,)])])
+def softmax_cross_entropy(attrs, data, label):
+    """out[0] = Sum_b -log(max(softmax(data[b])[label[b]], 1e-8)): a sum over the batch, so
+    the batch partitions and reduces. Not a loss head: MXNet's gradient multiplies
+    (softmax - onehot) by the head's gradient."""
+    def loss(b):
+        top = Max(lambda m: data[b, m])
+        total = Sum(lambda c: exp(data[b, c] - top))
+        picked = exp(data[b, index(label[b])] - top) / total
+        return -log(maximum(picked, 1e-8))
+    return lambda o: Sum(lambda b: loss(b))
+
+
+# CTCLoss is not described: its loss is a log-sum over every alignment of the label with
+# the time steps, computed by the forward-backward recursion over time, which no finite
+# TDL sum of products expresses (TDL has no loops or recursion).

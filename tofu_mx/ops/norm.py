@@ -7,16 +7,34 @@ the search does not offer it (:mod:`tofu_mx.tdl.shares`). Per-device statistics 
 different function, so synchronised statistics are left to a later strategy. Splitting the
 channel axis is exact and cheap. LayerNorm, likewise, is not split on its normalised axis.
 """
+import math
+
 from tofu_mx.tdl import Sum, depends, lam, op, rsqrt
 
 
+def moments(read, extents):
+    """Statistics over a block of ``extents`` (the reduced coordinates): ``read(kept, free)``
+    is the element at kept coordinates ``kept`` and reduced coordinates ``free``. Returns
+    ``mean(kept, prefix)`` and ``variance(kept)`` (biased), functions of the kept coordinates;
+    reductions are named ``{prefix}0..`` (mean) and ``s0..`` (variance), extents given, so
+    a reduced coordinate may be part of a larger index (GroupNorm's channel in its group)."""
+    count = math.prod(extents)
+
+    def mean(kept, prefix):
+        return Sum(lam(len(extents), lambda *free: read(kept, free), prefix=prefix),
+                   *extents) / count
+
+    def variance(kept):
+        m = mean(kept, "r")
+        return Sum(lam(len(extents), lambda *free: (read(kept, free) - m) * (read(kept, free) - m),
+                       prefix="s"), *extents) / count
+    return mean, variance
+
+
 def _normalise(data, axes_kept, eps):
-    """mean and biased variance over every axis but ``axes_kept`` (as functions of the kept
-    coordinates), using reduction variables named r0.. and s0.."""
+    """mean and inverse standard deviation over every axis but ``axes_kept`` (as functions of
+    the kept coordinates), using reduction variables named r0.. and s0.."""
     reduced = [a for a in range(data.ndim) if a not in axes_kept]
-    count = 1
-    for a in reduced:
-        count *= data.shape[a]
 
     def at(kept, free):
         index = [None] * data.ndim
@@ -26,14 +44,8 @@ def _normalise(data, axes_kept, eps):
             index[a] = v
         return data[tuple(index)]
 
-    def mean(kept, prefix):
-        return Sum(lam(len(reduced), lambda *free: at(kept, free), prefix=prefix)) / count
-
-    def inv_std(kept):
-        m = mean(kept, "r")
-        return rsqrt(Sum(lam(len(reduced), lambda *free: (at(kept, free) - m) * (at(kept, free) - m),
-                             prefix="s")) / count + eps)
-    return mean, inv_std
+    mean, variance = moments(at, [data.shape[a] for a in reduced])
+    return mean, lambda kept: rsqrt(variance(kept) + eps)
 
 
 @op("BatchNorm", examples=[

@@ -48,13 +48,27 @@ def same_order(data, out_shape):
     return lam(len(out_shape), read)
 
 
-def _reshaping(name, examples, shard=None):
+def same_count(ctx) -> bool:
+    """Whether a reshaping share reads exactly as many elements as it writes. The analysis
+    gives the bounding box of what it reads; when a share's output starts or ends inside an
+    input row, that box holds more (MXNet's Reshape does not check the count, its kernel
+    fails)."""
+    return np.prod(ctx.size(ctx.inputs[0])) == np.prod(ctx.size(ctx.outputs[0]))
+
+
+def _count_kept(attrs, ctx):
+    return Shard() if same_count(ctx) else None
+
+
+def _reshaping(name, examples, shard=_count_kept):
     op(name, examples=examples, shard=shard)(
         lambda attrs, data: same_order(data, attrs.output_shapes[0]))
 
 
 def _target_shape(attrs, ctx):
     """A reshape's share: the share's output shape, spelled out (no special codes)."""
+    if not same_count(ctx):
+        return None
     return Shard({"shape": ctx.size(ctx.outputs[0]), "reverse": False})
 
 

@@ -72,3 +72,15 @@ def test_runs_as_operator_asks_the_hook(global_pool):
                for s in strategies(traced, 2)}
     assert verdict == {"split b": True, "split c": True,
                        "reduce d0": global_pool, "reduce d1": global_pool}
+
+
+def test_a_reshape_share_must_read_as_many_elements_as_it_writes():
+    """(1, 3, 8) -> (24,) cut in two: each half starts or ends inside a row of 8, so the box it
+    reads holds 16 elements for 12 written. MXNet's Reshape infers the share's shape anyway and
+    its kernel fails at run time (found on BERT at k=4), so the split is not offered."""
+    from tests.tofu_mx.ops.helpers import offered as offered_names
+    flat = mx.sym.Reshape(X, shape=(-1,), name="r")
+    assert "split i0" not in offered_names(flat, data=(1, 3, 8))
+    assert "split i0" in offered_names(flat, data=(2, 3, 8))
+    assert "split i1" not in offered_names(mx.sym.Flatten(X), data=(2, 3, 5))
+    assert "split i1" in offered_names(mx.sym.Flatten(X), data=(2, 4, 5))
