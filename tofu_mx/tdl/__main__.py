@@ -1,4 +1,4 @@
-"""``python -m tofu_mx.tdl --coverage [--symbol FILE --shape NAME=D1,D2 ...]``"""
+"""``python -m tofu_mx.tdl --coverage [--mxnet [--public] | --symbol FILE --shape NAME=D1,D2 ...]``"""
 import argparse
 import sys
 
@@ -6,7 +6,8 @@ import mxnet as mx
 
 from tofu_mx.cli import _shape
 from tofu_mx.errors import TofuError
-from tofu_mx.tdl.coverage import builtin_graphs, coverage, format_coverage
+from tofu_mx.tdl.coverage import (builtin_graphs, coverage, format_coverage,
+                                  format_mxnet_coverage, mxnet_coverage)
 from tofu_mx.tdl.lang import TDLError
 
 
@@ -19,7 +20,20 @@ def main(argv=None) -> int:
                                          "paper's models)")
     parser.add_argument("--shape", type=_shape, action="append",
                         help="input shape NAME=D1,D2,... for --symbol; repeat per input")
+    parser.add_argument("--mxnet", action="store_true",
+                        help="every operator MXNet registers: described (and checked against "
+                             "its kernel), opaque, fallback or out of scope, with the reason")
+    parser.add_argument("--public", action="store_true",
+                        help="with --mxnet: list only the public names (no leading _)")
     args = parser.parse_args(argv)
+    if args.mxnet:
+        if args.symbol:
+            parser.error("--mxnet and --symbol are exclusive")
+        rows = mxnet_coverage()
+        print(format_mxnet_coverage(rows, public_only=args.public))
+        return 0 if all(r.ok for r in rows) else 1
+    if args.public:
+        parser.error("--public goes with --mxnet")
     try:
         if args.symbol:
             if not args.shape:

@@ -1,5 +1,6 @@
-"""Which operators of a graph (or of the model zoo and the paper's models) are described,
-checked against MXNet's kernels, or opaque."""
+"""Which operators of a graph (or of the model zoo and the paper's models, or of everything
+MXNet registers) are described and checked against MXNet's kernels, opaque, run whole on one
+device (fallback), or deliberately out of scope."""
 from __future__ import annotations
 
 from collections import Counter
@@ -8,10 +9,10 @@ from typing import Iterable
 
 import mxnet as mx
 
-from nnvm_passes.importer import import_symbol
-from tofu_mx.tdl.annotate import DESCRIBED, OPAQUE, UNKNOWN
+from tofu_mx.tdl.annotate import DESCRIBED, OPAQUE, UNKNOWN, import_graph
 from tofu_mx.tdl.check import check_description
-from tofu_mx.tdl.registry import Description, lookup, registry_key
+from tofu_mx.ops.scope import NOT_DESCRIBED, out_of_scope
+from tofu_mx.tdl.registry import Description, lookup, mxnet_operators, registry_key
 
 #: gluon model-zoo vision nets and their input size.
 ZOO = {"alexnet": 224, "vgg11_bn": 224, "vgg16": 224, "resnet18_v1": 224, "resnet50_v1": 224,
@@ -48,7 +49,7 @@ def coverage(graphs: Iterable[tuple[str, object, dict]]) -> list[OpCoverage]:
     counts: Counter = Counter()
     where: dict[str, list[str]] = {}
     for model, symbol, shapes in graphs:
-        for node in import_symbol(symbol, **shapes).operators():
+        for node in import_graph(symbol, **shapes).operators():
             key = registry_key(node.op, node.params)
             counts[key] += 1
             where.setdefault(key, [])
@@ -86,4 +87,71 @@ def format_coverage(rows: list[OpCoverage]) -> str:
     lines.append(f"{len(rows)} operators: {by[DESCRIBED]} described and checked"
                  f"{f' ({len(failed)} FAILED their check: {failed})' if failed else ''}, "
                  f"{by[OPAQUE]} opaque, {by[UNKNOWN]} without description")
+    return "\n".join(lines)
+
+
+FALLBACK, OUT_OF_SCOPE = "fallback", "out of scope"
+
+
+@dataclass(frozen=True)
+class MXNetOpCoverage:
+    """One name MXNet registers: what partition() does with a node of it."""
+
+    name: str
+    canonical: str       # the operator the name is an alias of (itself if none)
+    status: str          # described | opaque | fallback | out of scope
+    checked: str         # "n/n examples" for described ops, else ""
+    ok: bool             # every check passed (True when there is nothing to check)
+    reason: str = ""
+
+    @property
+    def public(self) -> bool:
+        return not self.name.startswith("_")
+
+
+def mxnet_coverage() -> list[MXNetOpCoverage]:
+    """Every operator MXNet registers (aliases under their own names), each described ones'
+    examples checked against MXNet's kernel once per canonical operator."""
+    checked: dict[str, tuple[int, int]] = {}
+    rows = []
+    for name, canonical in sorted(mxnet_operators().items()):
+        entry = lookup(canonical)
+        alias = f"alias of {canonical}" if canonical != name else ""
+        if isinstance(entry, Description):
+            if canonical not in checked:
+                results = check_description(entry)
+                checked[canonical] = (sum(r.ok for r in results), len(results))
+            passed, total = checked[canonical]
+            rows.append(MXNetOpCoverage(name, canonical, DESCRIBED, f"{passed}/{total}",
+                                        passed == total, alias or entry.note))
+        elif entry is not None:
+            rows.append(MXNetOpCoverage(name, canonical, OPAQUE, "", True, entry.reason))
+        elif out_of_scope(canonical) or out_of_scope(name):
+            rows.append(MXNetOpCoverage(name, canonical, OUT_OF_SCOPE, "", True,
+                                        out_of_scope(canonical) or out_of_scope(name)))
+        else:
+            why = NOT_DESCRIBED.get(canonical, "no description")
+            rows.append(MXNetOpCoverage(name, canonical, FALLBACK, "", True,
+                                        f"{why}: runs whole on one device"))
+    return rows
+
+
+def _counts(rows: list[MXNetOpCoverage]) -> str:
+    by = Counter(r.status for r in rows)
+    failed = [r.name for r in rows if not r.ok]
+    return (f"{by[DESCRIBED]} described and checked"
+            f"{f' ({len(failed)} FAILED: {failed[:8]})' if failed else ''}, {by[OPAQUE]} opaque, "
+            f"{by[FALLBACK]} fallback (run whole on one device), {by[OUT_OF_SCOPE]} out of scope")
+
+
+def format_mxnet_coverage(rows: list[MXNetOpCoverage], public_only: bool = False) -> str:
+    shown = [r for r in rows if r.public or not public_only]
+    width = max([len(r.name) for r in shown] + [8])
+    lines = [f"{'operator':<{width}}  {'status':<12} {'checked':>7}  note"]
+    for r in shown:
+        status = r.status if r.ok else f"{r.status}!"
+        lines.append(f"{r.name:<{width}}  {status:<12} {r.checked:>7}  {r.reason}")
+    public = [r for r in rows if r.public]
+    lines.append(f"public operators ({len(public)}): {_counts(public)}")
+    lines.append(f"all registered operators ({len(rows)}): {_counts(rows)}")
     return "\n".join(lines)
