@@ -22,7 +22,8 @@ setup(
         "cpu": ["mxnet==1.9.1"],
         # Needs the CUDA 11.2 runtime libraries and cuDNN 8 on the machine to import.
         "gpu": ["mxnet-cu112==1.9.1"],
-        "test": ["pytest>=7", "pytest-timeout>=2.1"],
+        # gluonnlp 0.10 supplies models nobody on this project wrote (BERT, Transformer, LMs)
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "gluonnlp==0.10.0"],
     },
     entry_points={"console_scripts": ["tofu-mx=tofu_mx.cli:main"]},
 )

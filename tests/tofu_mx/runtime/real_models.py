@@ -1,0 +1,132 @@
+"""Models nobody on this project wrote, as their users build them: GluonNLP 0.10's BERT,
+Transformer encoder and language model, Gluon's RNN layers and unrolled cells, MXNet's legacy
+``mx.rnn`` cells, and a model-zoo net exported and loaded back. Each builder returns
+``(symbol, shapes, arrays, dtype)``: the graph, its input shapes, realistic values for the
+inputs that need them (lengths, positions), and its dtype: float64, except BERT, whose
+interleaved attention kernels run only in float32 on CPU."""
+import os
+import tempfile
+import warnings
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+BATCH, STEPS, VOCAB = 12, 6, 20
+
+
+def _symbol(block, *inputs, dtype="float64"):
+    block.initialize()
+    block.cast(dtype)
+    block.hybridize()
+    out = block(*inputs)
+    if isinstance(out, (list, tuple)):
+        out = mx.sym.Group([o for o in _flatten(out)])
+    return out
+
+
+def _flatten(items):
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            yield from _flatten(item)
+        else:
+            yield item
+
+
+def _loss(out):
+    """A scalar to train: the sum of squares of every output."""
+    return mx.sym.MakeLoss(mx.sym.add_n(*[mx.sym.sum(o * o) for o in out]))
+
+
+def _lengths(rng):
+    return rng.integers(1, STEPS + 1, size=(BATCH,)).astype("float64")
+
+
+def bert():
+    import gluonnlp as nlp
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        encoder = nlp.model.bert.BERTEncoder(num_layers=2, units=16, hidden_size=32,
+                                             max_length=STEPS, num_heads=2, dropout=0.1)
+        net = nlp.model.BERTModel(encoder, vocab_size=VOCAB, token_type_vocab_size=2, units=16,
+                                  embed_size=16, use_pooler=True, use_decoder=True,
+                                  use_classifier=True)
+    names = ("data", "token_types", "valid_length", "masked_positions")
+    out = _symbol(net, *(mx.sym.var(n) for n in names), dtype="float32")
+    rng = np.random.default_rng(0)
+    shapes = {"data": (BATCH, STEPS), "token_types": (BATCH, STEPS), "valid_length": (BATCH,),
+              "masked_positions": (BATCH, 2)}
+    arrays = {"valid_length": _lengths(rng),
+              "token_types": rng.integers(0, 2, size=(BATCH, STEPS)).astype("float64"),
+              "masked_positions": rng.integers(0, STEPS, size=(BATCH, 2)).astype("float64")}
+    return _loss(out), shapes, arrays, "float32"
+
+
+def transformer_encoder():
+    import gluonnlp as nlp
+    net = nlp.model.transformer.TransformerEncoder(num_layers=2, units=16, hidden_size=32,
+                                                   num_heads=2, max_length=STEPS)
+    out = _symbol(net, mx.sym.var("data"), None, mx.sym.var("valid_length"))
+    shapes = {"data": (BATCH, STEPS, 16), "valid_length": (BATCH,)}
+    return _loss(out), shapes, {"valid_length": _lengths(np.random.default_rng(1))}, "float64"
+
+
+def language_model():
+    import gluonnlp as nlp
+    net = nlp.model.language_model.StandardRNN("lstm", VOCAB, 16, 16, 2, 0.0, False)
+    net.initialize()
+    net.cast("float64")
+    net.hybridize()
+    states = net.begin_state(batch_size=BATCH, func=mx.sym.zeros, dtype="float64")
+    out, _ = net(mx.sym.var("data"), states)
+    return _loss([out]), {"data": (STEPS, BATCH)}, {}, "float64"
+
+
+def gluon_rnn_layer(kind):
+    layer = {"lstm": gluon.rnn.LSTM, "gru": gluon.rnn.GRU}[kind](16, num_layers=2)
+    out = _symbol(layer, mx.sym.var("data"))
+    return _loss([out]), {"data": (STEPS, BATCH, 8)}, {}, "float64"
+
+
+def gluon_lstm_cell_unrolled():
+    cell = gluon.rnn.LSTMCell(16)
+    cell.initialize()
+    cell.cast("float64")
+    begin = cell.begin_state(batch_size=BATCH, func=mx.sym.zeros, dtype="float64")
+    out, _ = cell.unroll(STEPS, mx.sym.var("data"), begin_state=begin, layout="NTC",
+                         merge_outputs=True)
+    return _loss([out]), {"data": (BATCH, STEPS, 8)}, {}, "float64"
+
+
+def legacy_rnn_cells():
+    """mx.rnn's LSTM and GRU stacked and unrolled, with explicit zero begin states."""
+    stack = mx.rnn.SequentialRNNCell()
+    stack.add(mx.rnn.LSTMCell(16, prefix="lstm_"))
+    stack.add(mx.rnn.GRUCell(16, prefix="gru_"))
+    begin = stack.begin_state(func=mx.sym.zeros, dtype="float64", shape=(BATCH, 16))
+    out, _ = stack.unroll(STEPS, mx.sym.var("data"), begin_state=begin, layout="NTC",
+                          merge_outputs=True)
+    return _loss([out]), {"data": (BATCH, STEPS, 8)}, {}, "float64"
+
+
+def exported_zoo_net():
+    """A model-zoo net, exported with net.export() and loaded back with mx.sym.load."""
+    from mxnet.gluon.model_zoo import vision
+    net = vision.get_model("resnet18_v1", classes=10)
+    net.initialize()
+    net.cast("float64")
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 32, 32), dtype="float64"))
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "net")
+        net.export(prefix)
+        sym = mx.sym.load(prefix + "-symbol.json")
+    label = mx.sym.var("softmax_label")
+    return mx.sym.SoftmaxOutput(sym, label), {"data": (BATCH, 3, 32, 32)}, {}, "float64"
+
+
+MODELS = {"bert": bert, "transformer_encoder": transformer_encoder,
+          "language_model": language_model, "gluon_lstm": lambda: gluon_rnn_layer("lstm"),
+          "gluon_gru": lambda: gluon_rnn_layer("gru"),
+          "gluon_lstm_cell": gluon_lstm_cell_unrolled, "mx_rnn_cells": legacy_rnn_cells,
+          "exported_resnet18": exported_zoo_net}
