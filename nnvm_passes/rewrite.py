@@ -188,8 +188,8 @@ class _Rewrite:
             else:
                 inputs.append(self.region((entry.node, entry.index), box, d, share.pads[j]))
         tagged = not self.a.ops[i].placed_by_input
-        if not tagged:       # MXNet places it with its first input: that must be on d
-            inputs[0] = self.on_device(inputs[0], d) if inputs else inputs
+        if not tagged and inputs:    # MXNet places it with its first input: that must be on d
+            inputs[0] = self.on_device(inputs[0], d)
         nid = self.add(node.op, node.name + self.suffix(d), share.attrs, inputs, d, "operator",
                        tagged)
         self.origin[nid] = i

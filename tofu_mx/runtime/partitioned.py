@@ -394,9 +394,9 @@ def _check_rewrite(ptd: PartitionedSymbol) -> None:
     if got != want:
         raise TofuError(f"internal: the partitioned graph's outputs have shapes {got}, the "
                         f"original's {want}")
-    def group(node):    # an untagged operator is placed with its first input (OpFacts)
-        if node.ctx_group is None and not node.is_variable and node.inputs:
-            return group(graph.nodes[node.inputs[0].node])
+    def group(node):    # an untagged operator is placed with its first input (OpFacts),
+        if node.ctx_group is None and not node.is_variable:   # or on the default device
+            return group(graph.nodes[node.inputs[0].node]) if node.inputs else group_name(0)
         return node.ctx_group
     placed = [n.name for n in graph.nodes if group(n) not in ptd.group2ctx]
     if placed:

@@ -23,8 +23,8 @@ from nnvm_passes.importer import import_symbol
 from nnvm_passes.ir import FrozenDict, Graph
 from tofu_mx.tdl.analysis import Layout, Strategy, opaque_strategies, strategies
 from tofu_mx.tdl.lang import TDLError
-from tofu_mx.tdl.registry import (Attrs, Description, Traced, generation, label_inputs, lookup,
-                                  registry_key, trace)
+from tofu_mx.tdl.registry import (Attrs, Description, Traced, facts, generation, label_inputs,
+                                  lookup, registry_key, trace)
 from tofu_mx.tdl.shares import runs_as_operator
 
 #: What the analysis knows of an operator.
@@ -106,7 +106,9 @@ def _annotate(op: str, attrs: FrozenDict, ins: tuple, outs: tuple, parts: int,
         except TDLError as e:
             status, reason, found = FAILED, f"its description fails here: {e}", []
     if not found:
-        runs_whole = status == UNKNOWN and len(ins) > 0
+        # an untagged node (a Python custom operator) without inputs lands on the default
+        # device: it can run once there, not once per device
+        runs_whole = status == UNKNOWN and (len(ins) > 0 or not facts(op, attrs).group_attr)
         found = [(whole_strategy if runs_whole else replicate_strategy)(ins, outs, parts)]
     return NodeAnalysis(op, status, reason, tuple(found))
 

@@ -323,28 +323,14 @@ def minimum(a: Any, b: Any) -> Expr:
     return Bin("min", lift(a), lift(b))
 
 
-def less(a: Any, b: Any) -> Cmp:
-    return Cmp("<", lift(a), lift(b))
+def _compare(op: str) -> Callable[[Any, Any], Cmp]:
+    def compare(a: Any, b: Any) -> Cmp:
+        return Cmp(op, lift(a), lift(b))
+    return compare
 
 
-def greater(a: Any, b: Any) -> Cmp:
-    return Cmp(">", lift(a), lift(b))
-
-
-def less_equal(a: Any, b: Any) -> Cmp:
-    return Cmp("<=", lift(a), lift(b))
-
-
-def greater_equal(a: Any, b: Any) -> Cmp:
-    return Cmp(">=", lift(a), lift(b))
-
-
-def equal(a: Any, b: Any) -> Cmp:
-    return Cmp("==", lift(a), lift(b))
-
-
-def not_equal(a: Any, b: Any) -> Cmp:
-    return Cmp("!=", lift(a), lift(b))
+less, greater, less_equal, greater_equal, equal, not_equal = (
+    _compare(op) for op in ("<", ">", "<=", ">=", "==", "!="))
 
 
 def in_range(i: Any, lo: int, hi: int) -> InRange:

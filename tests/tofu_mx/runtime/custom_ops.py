@@ -2,6 +2,7 @@
 a ``CustomOpProp`` whose ``__init__`` takes no keywords (as in MXNet's own examples) and one
 that takes its attributes as keywords."""
 import mxnet as mx
+import numpy as np
 
 
 class _Cube(mx.operator.CustomOp):
@@ -88,3 +89,45 @@ def scaled_cube(x, scale, **kw):
 
 def sign(x, **kw):
     return mx.sym.Custom(x, op_type="tofu_test_sign", **kw)
+
+
+class _Ramp(mx.operator.CustomOp):
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, is_train, req, in_data, out_data, aux):
+        ramp = mx.nd.arange(int(mx.nd.prod(mx.nd.array(self.shape)).asscalar()))
+        self.assign(out_data[0], req[0], ramp.reshape(self.shape).astype(out_data[0].dtype))
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        pass
+
+
+@mx.operator.register("tofu_test_ramp")
+class RampProp(mx.operator.CustomOpProp):
+    """Reads no tensor: 0, 1, 2, ... in the shape given as an attribute."""
+
+    def __init__(self, shape, dtype="float32"):
+        super().__init__(need_top_grad=False)
+        self.shape = tuple(int(d) for d in shape.strip("()").split(",") if d.strip())
+        self.dtype = dtype
+
+    def list_arguments(self):
+        return []
+
+    def list_outputs(self):
+        return ["output"]
+
+    def infer_shape(self, in_shape):
+        return [], [self.shape], []
+
+    def infer_type(self, in_type):
+        return [], [np.dtype(self.dtype).type], []
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return _Ramp(self.shape)
+
+
+def ramp(shape, dtype="float64", **kw):
+    return mx.sym.Custom(op_type="tofu_test_ramp", shape=str(tuple(shape)), dtype=dtype, **kw)

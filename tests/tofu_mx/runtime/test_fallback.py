@@ -117,3 +117,15 @@ def test_describing_the_operator_is_seen_at_once_and_removes_the_fallback():
         unregister("Custom:tofu_test_cube")
     again = tofu_mx.plan(sym, 2, data=(12, 6))
     assert dict((o.name, o.strategies) for o in again.ops)["cube"] == ("whole",)
+
+
+def test_an_undescribed_custom_operator_reading_no_tensor_runs_once():
+    """Placed through no input (it has none), it lands on the bind's default device: it runs
+    once, there, not once per device."""
+    from tests.tofu_mx.runtime.custom_ops import ramp
+    h = mx.sym.FullyConnected(X, num_hidden=8, name="fc1")
+    sym = mx.sym.MakeLoss(mx.sym.sum(h * ramp((12, 8), name="ramp")))
+    for k in (2, 3):
+        ptd, report = partition_and_verify(sym, k, data=(12, 6))
+        assert report.ok, report
+        assert list(ptd.fallbacks) == ["ramp"] and len(custom_nodes(ptd)) == 1
