@@ -13,7 +13,8 @@ from typing import Mapping
 import numpy as np
 
 from nnvm_passes.ir import Graph
-from tofu_mx.tdl.registry import Attrs, facts, moves_values
+from tofu_mx.tdl.annotate import moves_values
+from tofu_mx.tdl.registry import Attrs, facts
 
 
 def index_range(graph: Graph, var_index: int,

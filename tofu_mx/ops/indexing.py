@@ -1,4 +1,4 @@
-"""Indexing: take, batch_take, pick (alias choose_element_0index), one_hot,
+"""Indexing: take, batch_take (opaque), pick (alias choose_element_0index), one_hot,
 gather_nd, where, diag.
 
 An index read from a tensor is data-dependent (``index(...)``): the analysis needs the indexed
@@ -9,7 +9,7 @@ clips or wraps it; the descriptions do the same with ``trunc``.
 import numpy as np
 
 from tofu_mx.tdl import (Shard, equal, in_range, index, lam, maximum, minimum, not_equal, op,
-                         trunc, where)
+                         opaque, trunc, where)
 
 
 def _axis(attrs, ndim, default=0):
@@ -56,13 +56,13 @@ def _batch_take_range(attrs, shapes):
     return -2, shapes[0][-1] + 2
 
 
-@op("batch_take", index_inputs={1: _batch_take_range}, gradient=False,
-    examples=[({}, [(4, 5), (4,)], {1: "int32"}), ({}, [(6, 2), (6,)], {1: "int32"})])
-def batch_take(attrs, a, indices):
-    """out[n] = a[n, clip(indices[n], 0, M - 1)] for 2-d ``a`` (MXNet's kernel is wrong beyond
-    2-d, and it takes int32 indices only). MXNet registers no gradient for it."""
-    last = a.shape[1] - 1
-    return lambda n: a[n, index(minimum(maximum(indices[n], 0.0), float(last)))]
+# batch_take: out[n] = a[n, clip(indices[n], 0, M - 1)] for 2-d ``a`` (MXNet's kernel is
+# wrong beyond 2-d). MXNet logs "batch_take is deprecated" whenever it infers its shape, so a
+# description (whose examples are traced at registration) would print that on every import of
+# tofu_mx: it is registered with its batch axis only. MXNet registers no gradient for it.
+opaque("batch_take", "deprecated by MXNet in favour of pick, which is described; split on its "
+       "batch axis", batch_axes=(0, 0), output_batch_axes=(0,),
+       index_inputs={1: _batch_take_range}, gradient=False)
 
 
 def _pick_range(attrs, shapes):

@@ -22,7 +22,7 @@ import tofu_mx.ops  # noqa: F401  (registers the built-in descriptions)
 from nnvm_passes.importer import import_symbol
 from nnvm_passes.ir import FrozenDict, Graph
 from tofu_mx.tdl.analysis import Layout, Strategy, opaque_strategies, strategies
-from tofu_mx.tdl.lang import TDLError
+from tofu_mx.tdl.lang import Access, TDLError
 from tofu_mx.tdl.registry import (Attrs, Description, Traced, facts, generation, label_inputs,
                                   lookup, registry_key, trace)
 from tofu_mx.tdl.shares import runs_as_operator
@@ -127,6 +127,19 @@ def _described(op: str, attrs: FrozenDict, ins: tuple, outs: tuple,
     if not isinstance(entry, Description):
         return None
     return entry, trace(entry, Attrs(attrs), ins, outs)
+
+
+def moves_values(op: str, attrs: FrozenDict, in_shapes: Sequence[Shape],
+                 out_shapes: Sequence[Shape]) -> bool:
+    """Whether every output of this node is a plain read of its first input (a reshape, a
+    transpose, a copy): an index read from the output is an index of the input."""
+    try:
+        found = described(op, attrs, in_shapes, out_shapes)
+    except TDLError:
+        return False
+    return found is not None and all(
+        isinstance(o.expr, Access) and o.expr.tensor.position == 0 and o.expr.pad is None
+        for o in found[1].outputs)
 
 
 def analyse_node(graph: Graph, index: int, parts: int = 2) -> NodeAnalysis:

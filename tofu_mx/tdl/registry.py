@@ -417,21 +417,6 @@ def opaque(name: str, reason: str, batch_axes: Sequence[int | None] = (),
                         _facts(index_inputs, labels, loss, gradient, random, name)))
 
 
-def moves_values(op: str, attrs: Mapping[str, str], input_shapes: Sequence[Sequence[int]],
-                 output_shapes: Sequence[Sequence[int]]) -> bool:
-    """Whether every output of this node is a plain read of its first input (a reshape, a
-    transpose, a copy): an index read from the output is an index of the input."""
-    entry = lookup(op, attrs)
-    if not isinstance(entry, Description):
-        return False
-    try:
-        traced = trace(entry, Attrs(attrs), input_shapes, output_shapes)
-    except TDLError:
-        return False
-    return all(isinstance(o.expr, Access) and o.expr.tensor.position == 0 and o.expr.pad is None
-               for o in traced.outputs)
-
-
 # --- tracing ----------------------------------------------------------------------------------
 
 def walk(expr: Expr):
@@ -528,5 +513,5 @@ def trace(desc: Description, attrs: Attrs, input_shapes: Sequence[Sequence[int]]
 
 __all__ = ["Attrs", "Description", "Example", "IndexRange", "OpFacts", "Opaque", "Output",
            "Shard", "ShardContext", "Traced", "example_graph", "facts", "generation",
-           "kind_facts", "label_inputs", "lookup", "moves_values", "mxnet_operators", "op", "opaque", "registered",
-           "registry_key", "trace", "unregister"]
+           "kind_facts", "label_inputs", "lookup", "mxnet_operators", "op", "opaque",
+           "registered", "registry_key", "trace", "unregister"]
