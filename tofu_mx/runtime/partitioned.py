@@ -37,10 +37,12 @@ class DeviceMemory:
     aux: int
     inputs: int
     activations: int     # operator outputs that carry a gradient (kept for the backward pass)
+    optimizer: int = 0   # optimizer state (momentum, ...) when a trainer holds it
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.aux + self.inputs + self.activations
+        return (self.weights + self.gradients + self.aux + self.inputs + self.activations
+                + self.optimizer)
 
 
 class PartitionedSymbol:

@@ -1,0 +1,393 @@
+"""A Gluon ``HybridBlock`` partitioned over several devices.
+
+:func:`partition` traces the block as Gluon does when it exports (``block(mx.sym.var(...))``:
+each ``Parameter`` becomes the variable named ``Parameter.name``), appends the loss block,
+partitions the graph with :func:`tofu_mx.partition`, binds it once across the devices, and
+fills the parameter shards. The result, a :class:`PartitionedBlock`, is itself a Gluon
+``Block``: ``pnet(x, y)`` runs the partitioned executor, also inside ``autograd.record()``.
+
+Why a new block rather than ``net.hybridize()``: Gluon's ``CachedOp`` (what a hybridized
+block runs) ignores ctx groups, so it cannot place operators on devices. The user's block is
+never changed; it stays on its own devices with its own values.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Mapping, Sequence
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+from tofu_mx.devices import check_contexts, no_subgraph_backend
+from tofu_mx.errors import InvalidArgumentError, TofuError
+from tofu_mx.gluon.init import initialize_shard
+from tofu_mx.runtime.partitioned import DeviceMemory, PartitionedSymbol
+from tofu_mx.runtime.partitioned import partition as partition_symbol
+
+Shape = tuple[int, ...]
+
+
+def trace(block: gluon.HybridBlock, data_names: Sequence[str], dtype: str,
+          loss: gluon.HybridBlock | None = None, label_name: str = "label") -> mx.sym.Symbol:
+    """The block's graph as a Symbol (the loss appended when given): inputs ``data_names``,
+    parameters named ``Parameter.name``. Nothing of the block changes."""
+    if not isinstance(block, gluon.HybridBlock):
+        raise InvalidArgumentError(
+            f"tofu_mx.gluon.partition needs a gluon.HybridBlock, got {type(block).__name__}: "
+            f"a plain Block runs Python and NDArray code, so it has no graph to partition. "
+            f"Write it as a HybridBlock (hybrid_forward(self, F, x, ...)).")
+    inputs = [mx.sym.var(n, dtype=dtype) for n in data_names]
+    out = _call(block, inputs, "block")
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    if not all(isinstance(o, mx.sym.Symbol) for o in outs):
+        raise InvalidArgumentError(
+            f"tracing {block.name} with Symbol inputs returned "
+            f"{[type(o).__name__ for o in outs]}, not Symbols: its hybrid_forward must build "
+            f"its result with F (mx.sym while tracing), not NDArray code")
+    if loss is None:
+        return outs[0] if len(outs) == 1 else mx.sym.Group(outs)
+    if not isinstance(loss, gluon.HybridBlock):
+        raise InvalidArgumentError(f"loss must be a gluon.HybridBlock (gluon.loss.*), got "
+                                   f"{type(loss).__name__}")
+    if len(outs) != 1:
+        raise InvalidArgumentError(
+            f"{block.name} has {len(outs)} outputs; a loss block takes one. Partition "
+            f"without loss= and apply the loss to pnet(x)'s outputs instead")
+    return _call(loss, [outs[0], mx.sym.var(label_name, dtype=dtype)], "loss")
+
+
+def _call(block, inputs, what):
+    try:
+        with autograd.pause():
+            return block(*inputs)
+    except TofuError:
+        raise
+    except Exception as e:  # noqa: BLE001  (re-raised with what to do)
+        raise InvalidArgumentError(
+            f"cannot trace the {what} {block.name} ({type(block).__name__}) as a graph: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Its "
+            f"hybrid_forward must use only F operators with shapes known from the inputs "
+            f"(no .shape, .asnumpy() or Python branches on values).") from e
+
+
+def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, *,
+              data: Shape | Sequence[Shape], label: Shape | None = None,
+              loss: gluon.HybridBlock | None = None, dtype: Any = None, init: Any = None,
+              memory_budget: Any = None, options: Any = None, strict: bool = False
+              ) -> "PartitionedBlock":
+    """Partition a Gluon ``HybridBlock`` over the devices ``ctx`` for one batch shape.
+
+    - ``data``: the input's shape, or a list of shapes for a block with several inputs
+      (named ``data0``, ``data1``, ...). ``label`` and ``loss``: with a loss block, the
+      partitioned graph computes the per-sample losses ``loss(block(x), y)``.
+    - ``dtype``: of the inputs; the parameters' dtype by default (``block.cast('float64')``
+      partitions in float64).
+    - Parameter values: an initialised parameter's values are copied into its shards. A
+      parameter that is not initialised (never, or deferred by ``block.initialize()``
+      without shapes) is initialised shard by shard, each shard from the parameter's own
+      initializer (or ``init``, or Gluon's default ``Uniform``) with the whole parameter's
+      fan-in and fan-out: no device ever holds the whole parameter.
+    - ``memory_budget``, ``options``, ``strict``: as :func:`tofu_mx.partition`.
+
+    Returns a :class:`PartitionedBlock`. ``block`` is not modified.
+    """
+    contexts = check_contexts(ctx)
+    shapes = [tuple(data)] if _is_shape(data) else [tuple(s) for s in data]
+    if not shapes or not all(_is_shape(s) for s in shapes):
+        raise InvalidArgumentError(f"data must be a shape such as (32, 3, 224, 224) or a list "
+                                   f"of shapes, got {data!r}")
+    if (label is None) != (loss is None):
+        raise InvalidArgumentError("give both loss= and label= (the label's shape), or neither")
+    if label is not None and not _is_shape(label):
+        raise InvalidArgumentError(f"label must be a shape such as (32,), got {label!r}")
+    params = _parameters(block)
+    dtype = np.dtype(dtype or _param_dtype(params)).name
+    names = ["data"] if len(shapes) == 1 else [f"data{i}" for i in range(len(shapes))]
+    symbol = trace(block, names, dtype, loss)
+    shape_of = dict(zip(names, shapes))
+    if label is not None:
+        shape_of["label"] = tuple(label)
+    ptd = partition_symbol(symbol, contexts, memory_budget=memory_budget, options=options,
+                           dtypes={n: dtype for n in shape_of}, strict=strict, **shape_of)
+    return PartitionedBlock(block, ptd, names, "label" if label is not None else None,
+                            params, init)
+
+
+def _is_shape(value) -> bool:
+    return isinstance(value, (tuple, list)) and all(
+        isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in value)
+
+
+def _parameters(block) -> dict[str, gluon.Parameter]:
+    """Parameter.name -> Parameter; a Parameter shared between blocks appears once."""
+    out: dict[str, gluon.Parameter] = {}
+    for p in block.collect_params().values():
+        if p.name in out and out[p.name] is not p:
+            raise InvalidArgumentError(
+                f"two different Parameters of {block.name} are named {p.name!r}; Gluon "
+                f"names the graph's variables by Parameter.name, so they would be one. Give "
+                f"the blocks distinct prefixes.")
+        out[p.name] = p
+    return out
+
+
+def _param_dtype(params) -> str:
+    kinds = {np.dtype(p.dtype).name for p in params.values()}
+    if len(kinds) > 1:
+        raise InvalidArgumentError(f"the block's parameters have several dtypes {sorted(kinds)}; "
+                                   f"give dtype= for the inputs")
+    return kinds.pop() if kinds else "float32"
+
+
+class PartitionedBlock(gluon.Block):
+    """A block partitioned over several devices (made by :func:`partition`).
+
+    - ``pnet.step(x, y)``: forward and backward (head gradients of 1, as ``loss.backward()``)
+      on the partitioned executor; returns the per-sample losses (on device 0).
+    - ``pnet(x, y)`` (or ``pnet(x)`` without a loss): inside ``autograd.record()`` the
+      executor runs as an ``autograd.Function``, so ``loss.backward()`` reaches it.
+      Outside, it runs forward in Gluon's mode (``autograd.is_training()``).
+    - :class:`tofu_mx.gluon.Trainer` updates the shards where they are.
+    - ``export_parameters(path)`` / ``load_parameters(path)``: whole parameters under the
+      block's structural names, the file ``block.save_parameters`` writes and
+      ``block.load_parameters`` reads, at any device count.
+
+    Each call must have the batch shape it was partitioned for.
+    """
+
+    def __init__(self, block, ptd: PartitionedSymbol, data_names, label_name, params, init):
+        super().__init__(prefix=block.prefix + "tofu_")
+        self.partitioned = ptd
+        self.source = block
+        self.data_names = list(data_names)
+        self.label_name = label_name
+        self._params_by_name = params
+        by_source: dict[str, list] = {}
+        for s in ptd.shards:
+            by_source.setdefault(s.source, []).append(s)
+        self._shards_of = by_source
+        with no_subgraph_backend():     # MKLDNN's fusion passes can drop ctx groups
+            self._exe = ptd.simple_bind(grad_req={n: _grad_req(p) for n, p in params.items()})
+        self._fresh = False
+        self._anchor = mx.nd.zeros((1,), ctx=ptd.contexts[0])
+        self._anchor.attach_grad()
+        self._fill(init)
+
+    # --- parameters ------------------------------------------------------------------------
+    @property
+    def executor(self) -> mx.executor.Executor:
+        return self._exe
+
+    def shard_arrays(self, kinds: Sequence[str] = ("param", "aux")
+                     ) -> list[tuple[Any, mx.nd.NDArray, mx.nd.NDArray | None]]:
+        """``(VarShard, value, gradient or None)`` of every shard of the given kinds."""
+        exe, out = self._exe, []
+        for s in self.partitioned.shards:
+            if s.kind in kinds:
+                if s.kind == "aux":
+                    out.append((s, exe.aux_dict[s.name], None))
+                else:
+                    out.append((s, exe.arg_dict[s.name], exe.grad_dict.get(s.name)))
+        return out
+
+    def _fill(self, init) -> None:
+        names_args, names_aux = self.partitioned.param_names()
+        whole = {n: self.partitioned.graph.node(n).outputs[0].shape for n in names_args + names_aux}
+        for name in names_args + names_aux:
+            p = self._params_by_name.get(name)
+            if p is None:
+                raise TofuError(f"internal: the traced graph has a variable {name!r} that is "
+                                f"no Parameter of the block")
+            if p._data is not None:
+                value = p.data(p.list_ctx()[0]).asnumpy()
+                self._write(name, value)
+            else:
+                if p._deferred_init:
+                    p_init, _, default_init, _ = p._deferred_init
+                else:
+                    default_init = init or mx.init.Uniform()
+                    p_init = p.init if p.init is not None else default_init
+                for s, value, _ in self.shard_arrays():
+                    if s.source == name:
+                        initialize_shard(p_init, default_init, name, value, whole[name], s.box)
+
+    def _write(self, name: str, value: np.ndarray) -> None:
+        exe = self._exe
+        for s in self._shards_of[name]:
+            target = exe.aux_dict[s.name] if s.kind == "aux" else exe.arg_dict[s.name]
+            target[:] = value[tuple(slice(lo, hi + 1) for lo, hi in s.box)]
+
+    def _whole(self, name: str) -> np.ndarray:
+        shards = self._shards_of[name]
+        out = np.zeros(self.partitioned.graph.node(name).outputs[0].shape, dtype=shards[0].dtype)
+        exe = self._exe
+        for s in shards:
+            value = exe.aux_dict[s.name] if s.kind == "aux" else exe.arg_dict[s.name]
+            out[tuple(slice(lo, hi + 1) for lo, hi in s.box)] = value.asnumpy()
+        return out
+
+    def structural_names(self) -> dict[str, str]:
+        """The block's structural parameter names (``features.0.weight``, what
+        ``save_parameters`` writes) -> ``Parameter.name``."""
+        return {k: p.name for k, p in self.source._collect_params_with_prefix().items()}
+
+    def export_parameters(self, path: str) -> None:
+        """Write every parameter and auxiliary state, whole, under the block's structural
+        names: ``block.load_parameters(path)`` reads it (as ``block.save_parameters`` wrote
+        it), at any device count. The file is written atomically."""
+        blob = {}
+        for key, name in self.structural_names().items():
+            if name in self._shards_of:
+                blob[key] = mx.nd.array(self._whole(name), dtype=self._shards_of[name][0].dtype)
+            else:   # a parameter the graph does not read: the block's own value, if any
+                p = self._params_by_name[name]
+                if p._data is not None:
+                    blob[key] = p.data(p.list_ctx()[0]).copyto(mx.cpu())
+        atomic_save(path, blob)
+
+    def load_parameters(self, path: str) -> None:
+        """Read a file written by :meth:`export_parameters` or ``block.save_parameters``
+        (structural names, whole arrays) into the shards. Nothing changes if it does not fit."""
+        try:
+            blob = mx.nd.load(path)
+        except mx.base.MXNetError as e:
+            raise InvalidArgumentError(f"cannot read {path!r} as a Gluon .params file: "
+                                       f"{str(e).splitlines()[0]}") from e
+        names = self.structural_names()
+        if not isinstance(blob, dict):
+            raise InvalidArgumentError(f"{path!r} holds an unnamed list of arrays, not a Gluon "
+                                       f"parameter file")
+        wanted = {k: n for k, n in names.items() if n in self._shards_of}
+        missing = sorted(set(wanted) - set(blob))
+        extra = sorted(set(blob) - set(names))
+        wrong = [f"{k} {blob[k].shape} (needs {self.partitioned.graph.node(n).outputs[0].shape})"
+                 for k, n in wanted.items() if k in blob and
+                 blob[k].shape != self.partitioned.graph.node(n).outputs[0].shape]
+        if missing or extra or wrong:
+            raise InvalidArgumentError(
+                f"{path!r} does not fit {self.source.name}: missing {missing[:5]}, unknown "
+                f"{extra[:5]}, wrong shape {wrong[:5]}. Give a file saved from this block "
+                f"(save_parameters or PartitionedBlock.export_parameters).")
+        for key, name in wanted.items():
+            self._write(name, blob[key].asnumpy())
+
+    # --- running ---------------------------------------------------------------------------
+    def _set_inputs(self, arrays: Sequence[Any]) -> None:
+        names = self.data_names + ([self.label_name] if self.label_name else [])
+        if len(arrays) != len(names):
+            raise InvalidArgumentError(
+                f"{self.name} takes {len(names)} arrays ({', '.join(names)}), got {len(arrays)}")
+        graph, exe = self.partitioned.graph, self._exe
+        for name, array in zip(names, arrays):
+            want = graph.node(name).outputs[0].shape
+            if tuple(array.shape) != want:
+                raise InvalidArgumentError(
+                    f"{name} has shape {tuple(array.shape)}, the block was partitioned for "
+                    f"{want}: the partition is for one batch shape. Partition again for this "
+                    f"shape, or drop (or pad) the last incomplete batch.")
+            for s in self._shards_of[name]:
+                part = array[tuple(slice(lo, hi + 1) for lo, hi in s.box)]
+                if isinstance(part, mx.nd.NDArray):
+                    part.copyto(exe.arg_dict[s.name])
+                else:
+                    exe.arg_dict[s.name][:] = np.asarray(part)
+
+    def step(self, *arrays) -> mx.nd.NDArray:
+        """Forward and backward once (training mode) with head gradients of 1; returns the
+        outputs (the per-sample losses with a loss block)."""
+        self._set_inputs(arrays)
+        self._exe.forward(is_train=True)
+        self._exe.backward(out_grads=[mx.nd.ones(o.shape, ctx=o.context, dtype=o.dtype)
+                                      for o in self._exe.outputs])
+        self._fresh = True
+        outs = [o.copy() for o in self._exe.outputs]
+        return outs[0] if len(outs) == 1 else outs
+
+    def forward(self, *arrays):
+        if autograd.is_recording():
+            # autograd records an operation only when some input is in its graph; the
+            # inputs need no gradient, so a one-element anchor that has one stands in
+            return _Run(self)(self._anchor, *arrays)
+        self._set_inputs(arrays)
+        self._exe.forward(is_train=autograd.is_training())
+        outs = [o.copy() for o in self._exe.outputs]
+        return outs[0] if len(outs) == 1 else outs
+
+    # --- reports ---------------------------------------------------------------------------
+    def memory_per_device(self, optimizer_bytes: Sequence[int] | None = None
+                          ) -> list[DeviceMemory]:
+        """:meth:`PartitionedSymbol.memory_per_device`, with the optimizer state each device
+        holds (``optimizer_bytes``; a :class:`~tofu_mx.gluon.Trainer` fills it in)."""
+        rows = self.partitioned.memory_per_device()
+        if optimizer_bytes is None:
+            return rows
+        import dataclasses
+        return [dataclasses.replace(m, optimizer=int(b)) for m, b in zip(rows, optimizer_bytes)]
+
+    def bytes_per_device(self) -> list[dict[str, int]]:
+        """Bytes of the arrays bound on each device, by role (parameters, gradients,
+        aux states, inputs), read off the executor's arrays themselves."""
+        contexts = self.partitioned.contexts
+        rows = [dict(weights=0, gradients=0, aux=0, inputs=0) for _ in contexts]
+        index = {c: i for i, c in enumerate(contexts)}
+        exe = self._exe
+        for s in self.partitioned.shards:
+            array = exe.aux_dict[s.name] if s.kind == "aux" else exe.arg_dict[s.name]
+            d = index[array.context]
+            size = int(np.prod(array.shape)) * np.dtype(array.dtype).itemsize
+            key = {"param": "weights", "aux": "aux"}.get(s.kind, "inputs")
+            rows[d][key] += size
+            grad = exe.grad_dict.get(s.name)
+            if grad is not None:
+                rows[index[grad.context]]["gradients"] += size
+        return rows
+
+    def __repr__(self) -> str:
+        return (f"PartitionedBlock({self.source.name} over {len(self.partitioned.contexts)} "
+                f"devices, {len(self._shards_of)} variables)")
+
+
+def _grad_req(p: gluon.Parameter) -> str:
+    return "null" if p.grad_req == "null" else "write"
+
+
+class _Run(autograd.Function):
+    """The partitioned executor as one autograd operation: forward runs it, backward runs
+    its backward pass with the head gradients autograd hands over."""
+
+    def __init__(self, block: PartitionedBlock):
+        super().__init__()
+        self.block = block
+
+    def forward(self, anchor, *arrays):
+        self.block._set_inputs(arrays)
+        self.shapes = [(a.shape, a.context, a.dtype) for a in (anchor, *arrays)]
+        self.block._exe.forward(is_train=autograd.is_training())
+        outs = [o.copy() for o in self.block._exe.outputs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def backward(self, *head_grads):
+        exe = self.block._exe
+        exe.backward(out_grads=[g.as_in_context(o.context) for g, o in zip(head_grads, exe.outputs)])
+        self.block._fresh = True
+        # the anchor and the inputs (data, labels) get no gradient
+        return tuple(mx.nd.zeros(shape, ctx=ctx, dtype=dtype) for shape, ctx, dtype in self.shapes)
+
+
+def atomic_save(path: str, blob: Mapping[str, mx.nd.NDArray]) -> None:
+    """``mx.nd.save`` to a temporary file beside ``path``, then renamed over it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".params", dir=folder)
+    os.close(fd)
+    try:
+        mx.nd.save(tmp, dict(blob))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+__all__ = ["PartitionedBlock", "partition", "trace", "atomic_save"]
