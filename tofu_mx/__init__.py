@@ -1,12 +1,26 @@
-"""tofu_mx: automatic partitioning of very large MXNet models across several devices.
+"""tofu_mx: partition every tensor and operator of an MXNet 1.9.1 graph over k devices (Tofu).
 
-The pipeline (see DESIGN.md): import -> annotate (TDL) -> analyse -> coarsen -> search ->
-rewrite -> bind. What exists today: the graph import/export (:mod:`nnvm_passes`), the
-paper's models (:mod:`tofu_mx.models`), graph summaries, :func:`verify`, operator
-descriptions (:mod:`tofu_mx.tdl`, :mod:`tofu_mx.ops`) and the search (:func:`plan`).
+The pipeline: import -> annotate (TDL) -> analyse -> coarsen -> search -> rewrite -> bind.
+What the package offers:
 
-Importing this package loads only the errors: ``nnvm_passes`` imports them, and everything
-else here imports ``nnvm_passes``, so the rest is loaded on first use.
+- :func:`partition` (``tofu_mx.partition(symbol, ctx, **shapes)``): the whole pipeline; returns
+  a :class:`PartitionedSymbol`: an ordinary Symbol with one ctx group per device, with
+  binding, whole <-> shard parameters, ``.params`` checkpoints readable at any device count,
+  ``memory_per_device()``, ``report()`` and ``fallbacks``.
+- :func:`verify`: run a multi-device graph and its single-device reference on the same seeded
+  inputs and compare every output, gradient and auxiliary state.
+- :func:`plan` and :class:`SearchOptions`: the search alone (:mod:`tofu_mx.search`); a
+  :class:`Plan` gives every tensor's layout at every cut, and nothing is bound.
+- :mod:`tofu_mx.tdl` (the description language, ``@tdl.op``, coverage) and :mod:`tofu_mx.ops`
+  (the built-in descriptions, each checked against MXNet's kernel).
+- :mod:`tofu_mx.gluon`: partition a Gluon ``HybridBlock`` and train
+  it with its ``Trainer``.
+- :mod:`tofu_mx.cli` (``python -m tofu_mx``, or ``tofu-mx``), :mod:`tofu_mx.models` (the
+  paper's models as Symbol builders), :func:`summarize`, and the graph import/export and
+  rewrite in :mod:`nnvm_passes`.
+
+Errors derive from :class:`TofuError`. Importing this package sets MXNet's environment for
+partitioned graphs (below) and loads only the errors; everything else is loaded on first use.
 """
 import importlib as _importlib
 import os as _os
@@ -45,7 +59,7 @@ _LAZY = {
     "PartitionedSymbol": "tofu_mx.runtime.partitioned",
 }
 _SUBMODULES = ("models", "devices", "values", "summary", "verification", "cli", "tdl", "ops",
-               "search", "runtime")
+               "search", "runtime", "gluon")
 
 
 def __getattr__(name: str):
@@ -66,4 +80,4 @@ __all__ = ["BindError", "CheckpointError", "ContextError", "GraphSummary",
            "InvalidArgumentError", "NoFeasiblePlanError", "NotASymbolError", "PartitionedSymbol",
            "Plan", "SearchOptions", "ShapeInferenceError", "TensorComparison", "TofuError",
            "UnknownInputError", "UnsupportedOperatorError", "VerificationError",
-           "VerificationReport", "models", "partition", "plan", "summarize", "verify"]
+           "VerificationReport", "gluon", "models", "partition", "plan", "summarize", "verify"]

@@ -220,6 +220,7 @@ class PartitionedBlock(gluon.Block):
             target[:] = value[tuple(slice(lo, hi + 1) for lo, hi in s.box)]
 
     def _whole(self, name: str) -> np.ndarray:
+        mx.nd.waitall()     # a pending autograd backward pass (see _set_inputs)
         shards = self._shards_of[name]
         out = np.zeros(self.partitioned.graph.node(name).outputs[0].shape, dtype=shards[0].dtype)
         exe = self._exe
@@ -279,6 +280,11 @@ class PartitionedBlock(gluon.Block):
         if len(arrays) != len(names):
             raise InvalidArgumentError(
                 f"{self.name} takes {len(names)} arrays ({', '.join(names)}), got {len(arrays)}")
+        # A backward pass started by autograd (loss.backward()) runs _Run.backward on one of
+        # MXNet's engine threads and returns at once; the executor must not be entered again
+        # until it is done (measured: "Cannot find attribute shape in the graph", or a hang,
+        # at k=4 with two autograd steps back to back).
+        mx.nd.waitall()
         graph, exe = self.partitioned.graph, self._exe
         for name, array in zip(names, arrays):
             want = graph.node(name).outputs[0].shape

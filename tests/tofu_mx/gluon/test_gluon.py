@@ -311,3 +311,25 @@ def test_errors():
         tg.Trainer(pnet, "sgd", {"learning_rat": 0.1})
     with pytest.raises(tofu_mx.InvalidArgumentError, match="takes the block"):
         tg.Trainer(net, "sgd")
+
+
+def test_autograd_steps_back_to_back_need_no_waitall():
+    """loss.backward() returns before the executor's backward pass (run on an engine thread)
+    is done; the next call must wait for it (without the wait: 'Cannot find attribute shape
+    in the graph' at k=4)."""
+    net = nn.HybridSequential(prefix="m_")
+    with net.name_scope():
+        net.add(nn.Dense(64, activation="relu", in_units=32), nn.BatchNorm(in_channels=64),
+                nn.Dense(10, in_units=64))
+    net.initialize(ctx=mx.cpu(0))
+    pnet = tg.partition(net, devices(4), loss=LOSS, data=(8, 32), label=(8,))
+    x, y = mx.nd.ones((8, 32)), mx.nd.array(np.arange(8))
+    losses = []
+    for _ in range(10):
+        with autograd.record():
+            loss = pnet(x, y)
+        loss.backward()
+        losses.append(loss)
+    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1})
+    trainer.step(8)
+    assert all(np.allclose(a.asnumpy(), losses[0].asnumpy()) for a in losses)
