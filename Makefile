@@ -21,5 +21,14 @@ test-slow: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# The benchmarks: tables printed and written to bench/out/search.md and bench/out/partition.md
+# (the runs README quotes are kept in bench/results/). partition.py's k=8 rows need about 10 GB
+# of memory; `make bench BENCH_ARGS=--quick` runs the smaller sweep of both scripts.
+BENCH_ARGS ?=
+
+bench: $(STAMP)
+	$(PY) bench/search.py $(BENCH_ARGS)
+	$(PY) bench/partition.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
