@@ -9,14 +9,42 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import mxnet as mx
 
-from tofu_mx.errors import ContextError
+from tofu_mx.errors import ContextError, InvalidArgumentError
 
 _GROUP = re.compile(r"dev(\d+)$")
+_DEVICES = re.compile(r"(?:(?P<type>[a-z]+):)?(?P<ids>\d+(?:,\d+)*)")
+_DEVICE_FORMS = ("a count (4, meaning cpu:4), TYPE:COUNT (cpu:4, gpu:8: devices 0..COUNT-1) "
+                 "or TYPE:ID,ID,... (gpu:0,2,5), with TYPE cpu or gpu")
 
 
 def group_name(index: int) -> str:
     """The ctx group of device ``index``: ``dev<index>``."""
     return f"dev{index}"
+
+
+def parse_devices(text: str) -> list[mx.Context]:
+    """Devices written on a command line: ``"4"`` (same as ``"cpu:4"``), ``"cpu:4"``
+    (``mx.cpu(0)`` .. ``mx.cpu(3)``), ``"gpu:8"``, or a list of ids ``"gpu:0,2,5"`` (two or
+    more, comma-separated). Case and spaces do not matter. Nothing is allocated: a GPU list
+    can be parsed (and planned for) on a machine without GPUs.
+
+    Raises :class:`tofu_mx.InvalidArgumentError` naming the text and the accepted forms.
+    """
+    found = _DEVICES.fullmatch(re.sub(r"\s+", "", str(text)).lower())
+    kind = found and (found.group("type") or "cpu")
+    if not found or kind not in ("cpu", "gpu"):
+        raise InvalidArgumentError(f"cannot read {text!r} as devices; expected {_DEVICE_FORMS}")
+    ids = [int(i) for i in found.group("ids").split(",")]
+    if len(ids) == 1:
+        if ids[0] < 1:
+            raise InvalidArgumentError(f"{text!r} names no device: give at least one, e.g. "
+                                       f"{kind}:1 (accepted: {_DEVICE_FORMS})")
+        ids = list(range(ids[0]))
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise InvalidArgumentError(f"{text!r} lists {kind} {repeated[0]} more than once; give "
+                                   f"each device once")
+    return [mx.Context(kind, i) for i in ids]
 
 
 def check_contexts(ctx: Any) -> list[mx.Context]:

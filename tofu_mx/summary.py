@@ -1,10 +1,19 @@
 """What a graph holds: operators by type, parameters and their bytes, activation bytes."""
 from __future__ import annotations
 
+import decimal
+import re
 from collections import Counter
 from dataclasses import dataclass
 
 from nnvm_passes.ir import Graph
+from tofu_mx.errors import InvalidArgumentError
+
+#: byte units parse_bytes reads (lower case): binary (KiB = 1024) and decimal (KB = 1000)
+BYTE_UNITS = {"": 1, "b": 1,
+              "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4,
+              "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4}
+_AMOUNT = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)(e[+-]?\d+)?\s*([a-z]*)\s*", re.IGNORECASE)
 
 
 def format_bytes(n: float) -> str:
@@ -14,6 +23,25 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def parse_bytes(text: str) -> int:
+    """An amount of memory as written by a person, in bytes: ``"16GiB"``, ``"512 MiB"``,
+    ``"1.5GB"``, ``"1e9"``, ``"1024"``. ``KiB``/``MiB``/``GiB``/``TiB`` are powers of 1024,
+    ``KB``/``MB``/``GB``/``TB`` powers of 1000, a bare number (or ``B``) is bytes; case and a
+    space before the unit do not matter. A fraction of a byte is rounded to the nearest.
+
+    Raises :class:`tofu_mx.InvalidArgumentError` naming the text and the accepted forms.
+    """
+    found = _AMOUNT.fullmatch(str(text))
+    unit = found.group(3).lower() if found else None
+    if unit not in BYTE_UNITS:
+        raise InvalidArgumentError(
+            f"cannot read {text!r} as an amount of memory; expected a number of bytes with an "
+            f"optional unit: 1024, 1e9, 512MiB, 16GiB, 1.5GB (KiB MiB GiB TiB: powers of "
+            f"1024; KB MB GB TB: powers of 1000)")
+    number = decimal.Decimal(found.group(1) + (found.group(2) or ""))
+    return int((number * BYTE_UNITS[unit]).to_integral_value(decimal.ROUND_HALF_EVEN))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+import tofu_mx
 from nnvm_passes import disable_dropout, export_symbol, import_symbol, place
+from nnvm_passes.transforms import cast_floats
 from tofu_mx import TofuError
 
 
@@ -54,3 +56,28 @@ def test_place_rejects_a_variable_read_on_two_devices():
     g = import_symbol(b, x=(2, 3))
     with pytest.raises(TofuError, match=r"variable 'w' is read in groups \['dev0', 'dev1'\]"):
         place(g, lambda n: "dev0" if n.name == "a" else "dev1")
+
+
+def test_cast_floats_makes_float64_flow_through_a_gluon_graph():
+    """Gluon writes __dtype__=float32 on every parameter; cast, every tensor is float64."""
+    from tofu_mx.tdl.annotate import import_graph
+    symbol = tofu_mx.models.zoo_symbol("resnet18_v1", classes=10)
+    with pytest.raises(tofu_mx.ShapeInferenceError, match="float32"):
+        import_graph(symbol, dtypes={"data": "float64"}, data=(2, 3, 32, 32))
+    cast, dtypes = cast_floats(symbol, "float64")
+    assert set(dtypes.values()) == {"float64"}
+    assert set(dtypes) == set(symbol.list_arguments() + symbol.list_auxiliary_states())
+    graph = import_graph(cast, dtypes=dtypes, data=(2, 3, 32, 32))
+    floats = {t.dtype for n in graph.nodes for t in n.outputs if np.dtype(t.dtype).kind == "f"}
+    assert floats == {"float64"}
+    assert json.loads(symbol.tojson()) != json.loads(cast.tojson())   # the caller's is kept
+
+
+def test_cast_floats_keeps_integer_inputs():
+    tokens = mx.sym.var("tokens", dtype="int32")
+    out = mx.sym.Embedding(tokens, mx.sym.var("embed_weight", dtype="float32"), input_dim=5,
+                           output_dim=3, dtype="float32", name="embed")
+    cast, dtypes = cast_floats(out, "float64")
+    assert dtypes == {"tokens": "int32", "embed_weight": "float64"}
+    (node,) = [n for n in json.loads(cast.tojson())["nodes"] if n["op"] == "Embedding"]
+    assert node["attrs"]["dtype"] == "float64"

@@ -1,0 +1,620 @@
+"""Draw a partitioned plan with Graphviz: which device runs what, and what moves between them.
+
+The picture is of the *original* graph annotated with the plan, not of the partitioned
+Symbol (which has a copy of every operator per device plus the conversion nodes):
+
+- **An operator node** is one operator of the original graph. Its label gives its name, its
+  MXNet operator and the strategy chosen at each level of the recursion, outermost cut first
+  (``split co | reduce ci``; the letters are the description's loop variables). Under the
+  label a strip has one cell per device, filled with the device's colour (see the legend)
+  where the partitioned Symbol runs a share of the operator: all cells for an operator split
+  or replicated over every device, one for an operator that runs on one device (a share
+  nobody reads is never emitted: a replicated operator whose result only device 0 reads runs
+  there alone).
+- **A fallback** (:attr:`PartitionedSymbol.fallbacks`: an operator that runs whole instead of
+  split, on device 0 or on every device) has a thick red border and says why. **An opaque
+  operator** (registered with :func:`tofu_mx.tdl.opaque`, as the analysis reports it: split
+  only along the batch axes it declares, if any) has a double border and gives its reason.
+- **A variable node** (data, label, parameter) is an ellipse with its kind, shape and stored
+  layout; its strip shows the devices holding a shard. Auxiliary states (BatchNorm's moving
+  statistics) are not drawn: each device keeps and updates its own share, nothing moves. The
+  **outputs** node is where the graph's outputs are joined, whole, on device 0.
+- **An edge** is a tensor read by an operator (all its shares together). Its label is the
+  conversion ``stored -> read``, each layout written ``split(a,b)×n`` (the axes along which
+  the devices' boxes differ, ``n`` distinct boxes, ``+halo`` when boxes overlap in part),
+  ``whole``, or ``part`` (the same part of the tensor on every device), and the bytes that
+  cross devices to give every share the region it reads. An edge that moves nothing is grey
+  and has no byte count.
+- **Combining** (partial sums of a ``reduce`` strategy added up, or parts computed on one
+  device stored on another) happens inside an operator: its bytes are a line of its label.
+
+The bytes are those of the **forward pass**, as MXNet copies them: a value crosses to a
+device once however many operators there read it (the first reader's edge shows the bytes,
+the others none), and :func:`cross_device_bytes`, counted on the partitioned Symbol itself,
+equals the sum of everything drawn (the tests check it). They are found by following the
+rewrite's routing over the assignment's boxes (:class:`_Traffic`). The backward pass sends
+the gradients of those values back, so a tensor that carries a gradient moves about as much
+again; the plan's figure in the title counts both passes, by the search's cost model.
+
+**Large graphs** (more than ``max_operators`` operators) are drawn *coarsened*: one node per
+group of the search's coarsening at the first cut (an operator and the elementwise operators
+that follow its layout: the groups ``Plan.coarsening`` counts, before RNN steps are tied),
+its operators counted by kind. Its strip is the union of its operators' devices; its label
+names its first operator and that one's strategies, counts its fallback and opaque
+operators, and adds up what its operators fetch from variables (variables are not drawn),
+move among themselves and combine. An edge is every tensor one group reads from another,
+bytes summed.
+
+:func:`to_dot` gives the ``graphviz.Digraph``; :func:`draw` writes it as ``.png``, ``.svg``,
+``.pdf`` (these need Graphviz's ``dot`` program) or ``.dot``.
+"""
+from __future__ import annotations
+
+import colorsys
+import html
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import graphviz
+import numpy as np
+
+from nnvm_passes.ir import Graph
+from tofu_mx.errors import InvalidArgumentError, TofuError
+from tofu_mx.search.cost import intersect, volume
+from tofu_mx.search.cut import Cut, View
+from tofu_mx.summary import format_bytes
+from tofu_mx.tdl.annotate import OPAQUE, analyse_node
+
+if TYPE_CHECKING:
+    from tofu_mx.runtime.partitioned import PartitionedSymbol
+
+Box = tuple[tuple[int, int], ...]
+Tensor = tuple[int, int]          # (graph node index, output index)
+
+#: formats :func:`draw` writes, by file suffix; all but .dot need Graphviz's ``dot`` program
+FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".dot": "dot"}
+#: how to get ``dot`` where it is missing
+INSTALL_HINT = "apt-get install graphviz, brew install graphviz or conda install graphviz"
+#: operators above which :func:`to_dot` draws the search's groups instead of operators
+MAX_OPERATORS = 60
+
+_PALETTE = ("#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5",
+            "#ffffb3", "#bc80bd", "#ccebc5", "#ffed6f", "#d9d9d9")
+_OUTPUTS = "outputs"
+
+
+# --- what is drawn: plain data ----------------------------------------------------------------
+@dataclass(frozen=True)
+class DrawnNode:
+    """One node of the picture: an operator, a group of operators, a variable, the outputs."""
+
+    key: str                          # the Graphviz node id
+    kind: str                         # operator | group | variable | outputs
+    name: str
+    ops: tuple[tuple[str, int], ...]  # (MXNet operator, count); one entry for an operator
+    devices: tuple[int, ...]          # devices running a share of it / holding a shard
+    strategies: tuple[str, ...] = ()  # per level, outermost cut first
+    fallbacks: tuple[str, ...] = ()   # why each fallback operator in it runs whole
+    opaque: tuple[str, ...] = ()      # the reason of each opaque operator in it
+    combine_bytes: int = 0            # partial sums combined / parts moved into the layout
+    variable_bytes: int = 0           # coarsened: bytes its operators fetch from variables
+    inner_bytes: int = 0              # coarsened: bytes moved between its own operators
+    detail: str = ""                  # a variable's kind, shape and layout
+
+
+@dataclass(frozen=True)
+class DrawnEdge:
+    tail: str
+    head: str
+    conversions: tuple[tuple[str, str], ...]   # (stored, read) layouts, each distinct once
+    bytes: int                        # crossing devices, forward pass
+    tensors: int                      # tensor reads it stands for
+
+
+@dataclass(frozen=True)
+class Picture:
+    nodes: tuple[DrawnNode, ...]
+    edges: tuple[DrawnEdge, ...]
+    devices: tuple[str, ...]          # the devices, by index
+    coarsened: bool
+    operators: int                    # operators of the original graph
+    plan_bytes: float                 # the plan's bytes moved per training step
+    cuts: tuple[int, ...]
+
+    @property
+    def forward_bytes(self) -> int:
+        """Everything drawn: what MXNet copies between devices in one forward pass."""
+        return sum(e.bytes for e in self.edges) + sum(
+            n.combine_bytes + n.variable_bytes + n.inner_bytes for n in self.nodes)
+
+
+# --- traffic: what the rewrite emits and what crosses devices --------------------------------
+Value = tuple[tuple, int, int]    # a value of the partitioned graph: (identity, device, bytes)
+
+
+def _clip(box: Box, shape: Sequence[int]) -> Box:
+    """The part of ``box`` inside the tensor (beyond it is padding, made where it is read)."""
+    return intersect(box, tuple((0, n - 1) for n in shape))
+
+
+def _layout(boxes: Sequence[Box], shape: Sequence[int]) -> str:
+    """``split(a,b)×n``: the axes along which the devices' boxes differ and how many distinct
+    boxes there are (``+halo`` when two overlap in part); else ``whole``, or ``part`` when
+    every device has the same part (a strided read that skips the last rows, say)."""
+    axes = [a for a in range(len(shape)) if len({b[a] for b in boxes}) > 1]
+    if not axes:
+        full = all(span == (0, n - 1) for b in boxes for span, n in zip(b, shape))
+        return "whole" if full else "part"
+    spans = [{b[a] for b in boxes} for a in axes]
+    halo = any(x != y and x[0] <= y[1] and y[0] <= x[1] for s in spans for x in s for y in s)
+    return (f"split({','.join(map(str, axes))}){'+halo' if halo else ''}"
+            f"\u00d7{len(set(boxes))}")
+
+
+class _Traffic:
+    """Follows the rewrite (:mod:`nnvm_passes.rewrite`) from the graph's outputs backwards,
+    as it emits the partitioned graph, without building it: which shares of each operator
+    exist (one whose result nobody reads is never emitted), and which values cross devices.
+
+    A value lives on the device of the node that makes it; MXNet copies it once to each other
+    device whose nodes read it. Cutting a piece out of a value happens where the value's
+    holder is; joining pieces (``Concat``) and adding partial sums (``add_n``) on the device
+    that needs the result; a lone piece is used where it is. Each copy's bytes are booked to
+    the account that first needed it: ``("read", op, input)``, ``("combine", op)`` or
+    ``("output", k)``.
+    """
+
+    def __init__(self, ptd: PartitionedSymbol):
+        graph = ptd.graph
+        self.graph, self.assignment = graph, ptd.assignment
+        self.cells: dict[Tensor, dict[Box, list[int]]] = {}
+        for t, boxes in ptd.assignment.stored.items():
+            for d, box in enumerate(boxes):
+                self.cells.setdefault(t, {}).setdefault(box, []).append(d)
+        self.memo: dict[tuple, object] = {}
+        self.copied: set[tuple] = set()
+        self.accounts: dict[tuple, int] = {}
+        self.instances: dict[int, set[int]] = {}      # operator -> devices running a share
+        self.read_boxes: dict[tuple[int, int], list[Box]] = {}   # (op, input) -> boxes read
+        limit = sys.getrecursionlimit()    # a few frames per operator, as in the rewrite
+        sys.setrecursionlimit(max(limit, 10 * len(graph.nodes) + 1000))
+        try:
+            for k, entry in enumerate(graph.heads):
+                whole = tuple((0, n - 1) for n in graph.tensor(entry).shape)
+                self.region((entry.node, entry.index), whole, 0, ("output", k))
+        finally:
+            sys.setrecursionlimit(limit)
+
+    def _nbytes(self, t: Tensor, box: Box | None) -> int:
+        info = self.graph.nodes[t[0]].outputs[t[1]]
+        size = volume(box) if box is not None else info.size
+        return size * np.dtype(info.dtype).itemsize
+
+    def copy(self, value: Value, d: int, account: tuple) -> None:
+        """A node on device ``d`` reads ``value``."""
+        identity, device, nbytes = value
+        if device != d and (identity, d) not in self.copied:
+            self.copied.add((identity, d))
+            self.accounts[account] = self.accounts.get(account, 0) + nbytes
+
+    def joined(self, pieces: list[tuple[Box, Value]], box: Box, d: int, t: Tensor,
+               account: tuple, identity: tuple) -> Value:
+        """Pieces tiling ``box``, joined on ``d`` (a lone piece is used where it is)."""
+        if len(pieces) == 1 and pieces[0][0] == box:
+            return pieces[0][1]
+        for _, piece in pieces:
+            self.copy(piece, d, account)
+        return identity, d, self._nbytes(t, box)
+
+    def cut(self, value: Value, held: Box, box: Box, device: int, t: Tensor,
+            account: tuple) -> Value:
+        """``box`` out of ``value`` (which holds ``held``), cut on ``device``."""
+        if held == box:
+            return value
+        self.copy(value, device, account)
+        return ("cut", value[0], box), device, self._nbytes(t, box)
+
+    def instance(self, i: int, d: int) -> list[Value]:
+        key = ("op", i, d)
+        if key not in self.memo:
+            node, share = self.graph.nodes[i], self.assignment.ops[i].shares[d]
+            self.instances.setdefault(i, set()).add(d)
+            if share.views is not None:       # no operator: output j is a region of input 0
+                e = node.inputs[0]
+                self.read_boxes.setdefault((i, 0), []).extend(share.views)
+                self.memo[key] = [self.region((e.node, e.index), box, d, ("read", i, 0))
+                                  for box in share.views]
+                return self.memo[key]
+            for j, (e, box) in enumerate(zip(node.inputs, share.inputs)):
+                src = self.graph.nodes[e.node]
+                if box is None or (src.is_variable and src.kind == "aux"):
+                    continue                   # aux states: each device updates its own
+                self.read_boxes.setdefault((i, j), []).append(box)
+                self.copy(self.region((e.node, e.index), box, d, ("read", i, j)), d,
+                          ("read", i, j))
+            self.memo[key] = [(("op", i, d, j), d, self._nbytes((i, j), share.outputs[j]))
+                              for j in range(len(node.outputs))]
+        return self.memo[key]
+
+    def stored(self, t: Tensor, d: int) -> Value:
+        """Device ``d``'s stored box of operator output ``t``."""
+        key = ("stored", t, d)
+        if key in self.memo:
+            return self.memo[key]
+        op, box, account = self.assignment.ops[t[0]], self.assignment.stored[t][d], \
+            ("combine", t[0])
+        computed: dict[tuple, list[int]] = {}
+        for e, share in enumerate(op.shares):
+            if share is not None:
+                computed.setdefault((share.outputs[t[1]], share.key), []).append(e)
+        by_box: dict[Box, list[list[int]]] = {}
+        for (c, _), devices in computed.items():
+            by_box.setdefault(c, []).append(devices)
+        partial = next(s for s in op.shares if s is not None).partial
+        pieces = []
+        for c, options in by_box.items():
+            inter = intersect(box, c)
+            if volume(inter) == 0:
+                continue
+            mine = [g for g in options if d in g and not op.loss]
+            devices = mine[0] if mine else options[0]
+            if partial is None:
+                src = d if d in devices and not op.loss else devices[0]
+                pieces.append((inter, self.cut(self.instance(t[0], src)[t[1]], c, inter, src,
+                                               t, account)))
+                continue
+            parts = [self.cut(self.instance(t[0], e)[t[1]], c, inter, e, t, account)
+                     for e in devices]
+            if len(parts) > 1:             # partial results added up on d
+                for part in parts:
+                    self.copy(part, d, account)
+                parts = [(("combined", t, inter, d), d, self._nbytes(t, inter))]
+            pieces.append((inter, parts[0]))
+        self.memo[key] = self.joined(pieces, box, d, t, account, ("stored", t, d))
+        return self.memo[key]
+
+    def region(self, t: Tensor, box: Box, d: int, account: tuple) -> Value:
+        """Tensor ``t``'s values in ``box`` on device ``d`` (beyond its bounds: padding)."""
+        key = ("region", t, box, d)
+        if key in self.memo:
+            return self.memo[key]
+        node = self.graph.nodes[t[0]]
+        inner = _clip(box, node.outputs[t[1]].shape)
+        if inner != box:                   # padding is made on d, joined with the inside
+            self.copy(self.region(t, inner, d, account), d, account)
+            self.memo[key] = ("padded", t, box, d), d, self._nbytes(t, box)
+            return self.memo[key]
+        pieces = []
+        for cell, holders in self.cells[t].items():
+            inter = intersect(box, cell)
+            if volume(inter) == 0:
+                continue
+            if node.is_variable:           # one variable per distinct box, on its first holder
+                src = holders[0]
+                value = (("var", t, cell), src, self._nbytes(t, cell))
+            else:
+                src = d if d in holders else holders[0]
+                value = self.stored(t, src)
+            pieces.append((inter, self.cut(value, cell, inter, src, t, account)))
+        self.memo[key] = self.joined(pieces, box, d, t, account, ("region", t, box, d))
+        return self.memo[key]
+
+
+def cross_device_bytes(ptd: PartitionedSymbol) -> int:
+    """Bytes MXNet copies between devices in one forward pass of the partitioned Symbol: every
+    value read in another ctx group than its maker's, once per reading group (MXNet inserts
+    one ``_CrossDeviceCopy`` per value and destination)."""
+    graph = ptd.shard_graph
+
+    def group(i: int) -> str | None:   # an untagged operator runs with its first input
+        node = graph.nodes[i]
+        if node.ctx_group is None and not node.is_variable and node.inputs:
+            return group(node.inputs[0].node)
+        return node.ctx_group
+    copies = {(e, group(i)) for i, n in enumerate(graph.nodes) if not n.is_variable
+              for e in n.inputs if group(e.node) != group(i)}
+    return sum(graph.tensor(e).nbytes for e, _ in copies)
+
+
+# --- the picture -------------------------------------------------------------------------------
+def picture(ptd: PartitionedSymbol, coarsen: bool | None = None,
+            max_operators: int = MAX_OPERATORS) -> Picture:
+    """What :func:`to_dot` draws, as plain data (see the module docstring). ``coarsen``: draw
+    the search's groups instead of operators (None: when the graph has more than
+    ``max_operators`` operators)."""
+    graph = ptd.graph
+    ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
+    coarsen = len(ops) > max_operators if coarsen is None else coarsen
+    parts = ptd.plan.factors[0] if ptd.plan.factors else 2
+    traffic = _Traffic(ptd)
+    opaque = {i: a.reason for i in ops for a in [analyse_node(graph, i, parts)]
+              if a.status == OPAQUE}
+    if coarsen:     # the copies of the first cut's groups, as the search coarsens the graph
+        members = [copy for group in Cut(graph, View.of(graph), parts, tie=False).groups
+                   for copy in group.copies]
+    else:
+        members = [[i] for i in ops]
+    owner = {m: f"group{k}" if coarsen else f"op{m}" for k, group in enumerate(members)
+             for m in group}
+    owner.update({i: f"var{i}" for i, n in enumerate(graph.nodes) if n.is_variable})
+    edges, variable_bytes, inner_bytes = _edges(graph, traffic, owner, coarsen)
+    strategies = {o.name: o.strategies for o in ptd.plan.ops}
+    nodes = [_group_node(graph, owner[group[0]], group, coarsen, traffic, strategies,
+                         ptd.fallbacks, opaque, variable_bytes, inner_bytes)
+             for group in members]
+    if not coarsen:
+        nodes += _variable_nodes(ptd, graph, traffic)
+    nodes.append(DrawnNode(_OUTPUTS, "outputs", "outputs", (), (0,),
+                           detail="joined whole on device 0"))
+    return Picture(tuple(nodes), edges, tuple(str(c) for c in ptd.contexts), coarsen,
+                   len(ops), ptd.plan.total_bytes, tuple(ptd.plan.factors))
+
+
+def _edges(graph: Graph, traffic: _Traffic, owner: dict[int, str], coarsen: bool):
+    """The edges between drawn nodes (``owner``: graph node -> drawn node), and per drawn
+    node the bytes read from variables that are not drawn and moved inside it."""
+    reads: dict[tuple[str, str], list] = {}
+    variable_bytes: dict[str, int] = {}
+    inner_bytes: dict[str, int] = {}
+    for (i, j), boxes in traffic.read_boxes.items():
+        entry = graph.nodes[i].inputs[j]
+        source = graph.nodes[entry.node]
+        shape = source.outputs[entry.index].shape
+        conversion = (_layout(list(traffic.cells[(entry.node, entry.index)]), shape),
+                      _layout([_clip(b, shape) for b in boxes], shape))
+        moved = traffic.accounts.get(("read", i, j), 0)
+        tail, head = owner[entry.node], owner[i]
+        if coarsen and source.is_variable:
+            variable_bytes[head] = variable_bytes.get(head, 0) + moved
+        elif tail == head:
+            inner_bytes[head] = inner_bytes.get(head, 0) + moved
+        else:
+            reads.setdefault((tail, head), []).append((conversion, moved))
+    for k, entry in enumerate(graph.heads):
+        if coarsen and graph.nodes[entry.node].is_variable:
+            continue                     # a variable handed out as it is: not drawn
+        conversion = (_layout(list(traffic.cells[(entry.node, entry.index)]),
+                              graph.tensor(entry).shape), "whole")
+        reads.setdefault((owner[entry.node], _OUTPUTS), []).append(
+            (conversion, traffic.accounts.get(("output", k), 0)))
+    edges = tuple(DrawnEdge(tail, head, tuple(dict.fromkeys(c for c, _ in found)),
+                            sum(b for _, b in found), len(found))
+                  for (tail, head), found in reads.items())
+    return edges, variable_bytes, inner_bytes
+
+
+def _group_node(graph: Graph, key: str, group: list[int], coarsen: bool, traffic: _Traffic,
+                strategies, fallbacks, opaque, variable_bytes, inner_bytes) -> DrawnNode:
+    leader = graph.nodes[group[0]]
+    counts = Counter(graph.nodes[m].op for m in group)
+    return DrawnNode(
+        key, "group" if coarsen else "operator", leader.name,
+        tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+        tuple(sorted({d for m in group for d in traffic.instances.get(m, ())})),
+        tuple(strategies.get(leader.name, ())),
+        tuple(f"{graph.nodes[m].name}: {fallbacks[graph.nodes[m].name]}" for m in group
+              if graph.nodes[m].name in fallbacks),
+        tuple(f"{graph.nodes[m].name} ({graph.nodes[m].op}): {opaque[m]}" for m in group
+              if m in opaque),
+        sum(traffic.accounts.get(("combine", m), 0) for m in group),
+        variable_bytes.get(key, 0), inner_bytes.get(key, 0))
+
+
+def _variable_nodes(ptd: PartitionedSymbol, graph: Graph, traffic: _Traffic) -> list[DrawnNode]:
+    holders: dict[str, set[int]] = {}
+    for s in ptd.shards:
+        holders.setdefault(s.source, set()).add(s.device)
+    read = {graph.nodes[i].inputs[j].node for i, j in traffic.read_boxes} | \
+        {e.node for e in graph.heads}
+    out = []
+    for i, node in enumerate(graph.nodes):
+        if node.is_variable and i in read:
+            shape = node.outputs[0].shape
+            layout = _layout(list(traffic.cells[(i, 0)]), shape)
+            out.append(DrawnNode(f"var{i}", "variable", node.name, (),
+                                 tuple(sorted(holders.get(node.name, ()))),
+                                 detail=f"{node.kind} {shape} {layout}"))
+    return out
+
+
+# --- rendering ---------------------------------------------------------------------------------
+_FALLBACK_COLOUR, _OPAQUE_COLOUR = "#d62728", "#1f4e9c"
+
+
+def device_colours(k: int) -> list[str]:
+    """One fill colour per device: a fixed palette, then evenly spaced hues."""
+    if k <= len(_PALETTE):
+        return list(_PALETTE[:k])
+    return ["#%02x%02x%02x" % tuple(int(255 * c) for c in
+                                    colorsys.hsv_to_rgb(d / k, 0.35, 0.97)) for d in range(k)]
+
+
+def _html(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _table(rows: list[str], devices: Sequence[int], colours: Sequence[str]) -> str:
+    """An HTML-like label: text rows over a strip with one cell per device, filled with the
+    device's colour where the device runs a share (or holds a shard), blank elsewhere."""
+    size = f'WIDTH="{max(4, min(16, 96 // max(len(colours), 1)))}" HEIGHT="7"'
+    cells = "".join(f'<TD BGCOLOR="{colour}" {size}></TD>' if d in devices else f"<TD {size}></TD>"
+                    for d, colour in enumerate(colours))
+    text = "".join(f"<TR><TD>{row}</TD></TR>" for row in rows)
+    return (f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">{text}'
+            f'<TR><TD><TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="0"><TR>'
+            f"{cells}</TR></TABLE></TD></TR></TABLE>>")
+
+
+def _wrapped(text: str, colour: str, width: int = 48) -> list[str]:
+    return [f'<FONT COLOR="{colour}">{_html(line)}</FONT>' for line in textwrap.wrap(text, width)]
+
+
+def _node_attrs(node: DrawnNode, colours: Sequence[str]) -> tuple[str, dict[str, str]]:
+    if node.kind == "outputs":
+        return _table(["outputs", _html(node.detail)], node.devices, colours), \
+            {"shape": "box", "style": "rounded"}
+    if node.kind == "variable":
+        return _table([_html(node.name), f'<FONT POINT-SIZE="8">{_html(node.detail)}</FONT>'],
+                      node.devices, colours), {"shape": "ellipse", "fontsize": "9"}
+    ops = ", ".join(op if n == 1 else f"{op} x{n}" for op, n in node.ops)
+    rows = [f"<B>{_html(node.name)}</B>"]
+    if node.kind == "group":
+        count = sum(n for _, n in node.ops)
+        rows += [_html(line) for line in
+                 textwrap.wrap(f"{count} operator{'s' if count > 1 else ''}: {ops}", 48)]
+    else:
+        rows.append(_html(ops))
+    rows.append(_html(" | ".join(node.strategies)))
+    for what, nbytes in (("reads variables", node.variable_bytes), ("inside", node.inner_bytes),
+                         ("combines", node.combine_bytes)):
+        if nbytes:
+            rows.append(f"{what}: {format_bytes(nbytes)}")
+    if not node.devices:
+        rows.append("(no share is run)")
+    attrs = {"shape": "box"}
+    if node.fallbacks:
+        rows += _wrapped(f"FALLBACK: {node.fallbacks[0]}" if len(node.fallbacks) == 1 else
+                         f"FALLBACK: {len(node.fallbacks)} operators run whole",
+                         _FALLBACK_COLOUR)
+        attrs.update(color=_FALLBACK_COLOUR, penwidth="3")
+    if node.opaque:
+        rows += _wrapped(f"OPAQUE: {node.opaque[0]}" if len(node.opaque) == 1 else
+                         f"OPAQUE: {len(node.opaque)} operators", _OPAQUE_COLOUR)
+        attrs["peripheries"] = "2"
+    return _table(rows, node.devices, colours), attrs
+
+
+def _edge_attrs(edge: DrawnEdge, heaviest: int) -> tuple[str | None, dict[str, str]]:
+    shown = [f"{stored} \u2192 {read}" for stored, read in edge.conversions[:2]]
+    shown += ["..."] if len(edge.conversions) > 2 else []
+    converts = any(stored != read for stored, read in edge.conversions)
+    if not edge.bytes:
+        return ("\\n".join(shown) if converts else None), {"color": "grey60"}
+    width = 1 + 3 * edge.bytes / heaviest
+    return "\\n".join(shown + [format_bytes(edge.bytes)]), {"penwidth": f"{width:.2f}"}
+
+
+def _legend(devices: Sequence[str], colours: Sequence[str]) -> str:
+    def row(mark: str, text: str) -> str:
+        return f'<TR><TD {mark} WIDTH="16"></TD><TD ALIGN="LEFT">{text}</TD></TR>'
+    rows = [row(f'BGCOLOR="{c}"', f"dev{d}: {_html(name)}")
+            for d, (name, c) in enumerate(zip(devices, colours))]
+    rows += [row(f'BORDER="2" COLOR="{_FALLBACK_COLOUR}"', "fallback: runs whole, not split"),
+             row('BORDER="1"', "double border: opaque (split on batch axes only)"),
+             '<TR><TD COLSPAN="2" ALIGN="LEFT" BALIGN="LEFT">colour strip: the devices that '
+             'run a share<BR/>edge: stored \u2192 read layout, bytes<BR/>crossing devices in '
+             'the forward pass</TD></TR>']
+    return (f'<<TABLE BORDER="1" CELLBORDER="0" CELLSPACING="3" COLOR="grey60">'
+            f'<TR><TD COLSPAN="2"><B>legend</B></TD></TR>{"".join(rows)}</TABLE>>')
+
+
+def render(pic: Picture, title: str | None = None) -> graphviz.Digraph:
+    """The Graphviz graph of a :class:`Picture`."""
+    colours = device_colours(len(pic.devices))
+    cuts = " x ".join(map(str, pic.cuts)) or "none"
+    lines = [title] if title is not None else [
+        f"{len(pic.devices)} devices (cuts {cuts}): the plan moves "
+        f"{format_bytes(pic.plan_bytes)} per training step (forward and backward, cost model)",
+        f"drawn: {format_bytes(pic.forward_bytes)} crossing devices in the forward pass"]
+    if title is None and pic.coarsened:
+        lines.append(f"{pic.operators} operators drawn as "
+                     f"{sum(1 for n in pic.nodes if n.kind == 'group')} groups of the search")
+    graph = graphviz.Digraph(
+        "plan", graph_attr={"label": "\\n".join(s.replace("\\", "\\\\") for s in lines),
+                            "labelloc": "t", "fontname": "Helvetica", "fontsize": "11",
+                            "rankdir": "TB", "nodesep": "0.3", "ranksep": "0.35"},
+        node_attr={"fontname": "Helvetica", "fontsize": "10", "margin": "0.06,0.03"},
+        edge_attr={"fontname": "Helvetica", "fontsize": "9", "arrowsize": "0.7"})
+    with graph.subgraph(name="legend_rank") as top:     # the legend alone, above the graph
+        top.attr(rank="source")
+        top.node("legend", _legend(pic.devices, colours), shape="plaintext", fontsize="9")
+    for node in pic.nodes:
+        label, attrs = _node_attrs(node, colours)
+        graph.node(node.key, label, **attrs)
+    heaviest = max([e.bytes for e in pic.edges] + [1])
+    for edge in pic.edges:
+        label, attrs = _edge_attrs(edge, heaviest)
+        graph.edge(edge.tail, edge.head, label, **attrs)
+    return graph
+
+
+def to_dot(ptd: PartitionedSymbol, coarsen: bool | None = None,
+           max_operators: int = MAX_OPERATORS, title: str | None = None) -> graphviz.Digraph:
+    """The partitioned plan of ``ptd`` (a :class:`PartitionedSymbol`) as a Graphviz graph;
+    see the module docstring for what nodes and edges mean. ``coarsen``: one node per group
+    of the search instead of per operator (None: when there are more than
+    ``max_operators`` operators)."""
+    return render(picture(ptd, coarsen, max_operators), title)
+
+
+@dataclass(frozen=True)
+class Drawing:
+    """What :func:`draw` wrote."""
+
+    path: str             # the file written
+    missing_dot: bool     # a .dot file was written instead of the format asked for
+    picture: Picture
+
+
+def draw(ptd: PartitionedSymbol, path: str | os.PathLike, coarsen: bool | None = None,
+         max_operators: int = MAX_OPERATORS, title: str | None = None) -> Drawing:
+    """Write the drawing of ``ptd``'s plan to ``path``, atomically, in the format its suffix
+    names (:data:`FORMATS`). Rendering needs Graphviz's ``dot`` program: where it is missing,
+    the ``.dot`` file is written next to ``path`` instead (``Drawing.missing_dot``; render it
+    later with ``dot -Tpng plan.dot -o plan.png``; :data:`INSTALL_HINT` says how to get dot).
+    Nothing is bound or run."""
+    path = os.fspath(path)
+    suffix = check_output(path)
+    pic = picture(ptd, coarsen, max_operators)
+    graph = render(pic, title)
+    if suffix == ".dot" or shutil.which("dot") is None:
+        written = os.path.splitext(path)[0] + ".dot"
+        _write_atomic(written, graph.source.encode("utf-8"))
+        return Drawing(written, suffix != ".dot", pic)
+    try:
+        data = graph.pipe(format=FORMATS[suffix])
+    except (subprocess.CalledProcessError, OSError, RuntimeError) as e:
+        raise TofuError(f"Graphviz's dot could not render {path!r}: {e}; draw to a .dot file "
+                        f"and render it with dot -T{FORMATS[suffix]}") from e
+    _write_atomic(path, data)
+    return Drawing(path, False, pic)
+
+
+def check_output(path: str) -> str:
+    """The suffix of ``path`` if :func:`draw` can write there (a known format, an existing
+    folder); else :class:`tofu_mx.InvalidArgumentError` saying what to change."""
+    path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in FORMATS:
+        raise InvalidArgumentError(f"cannot draw to {path!r}: its suffix {suffix!r} names no "
+                                   f"format; use one of {', '.join(FORMATS)}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InvalidArgumentError(f"cannot write {path!r}: the folder {folder!r} does not "
+                                   f"exist; create it first")
+    return suffix
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to a temporary file in ``path``'s folder, then rename it to ``path``:
+    a reader never sees half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)      # as open() would have made it
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
