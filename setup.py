@@ -22,8 +22,13 @@ setup(
         "cpu": ["mxnet==1.9.1"],
         # Needs the CUDA 11.2 runtime libraries and cuDNN 8 on the machine to import.
         "gpu": ["mxnet-cu112==1.9.1"],
-        # gluonnlp 0.10 supplies models nobody on this project wrote (BERT, Transformer, LMs)
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "gluonnlp==0.10.0"],
+        # examples/: scikit-learn's bundled digits. Ranges installed and tested with numpy
+        # 1.23.5 (scikit-learn 1.3.2, scipy 1.11.4): MXNet 1.9.1 needs numpy < 1.24.
+        "examples": ["scikit-learn>=1.2,<1.4", "scipy>=1.9,<1.12"],
+        # gluonnlp 0.10 supplies models nobody on this project wrote (BERT, Transformer, LMs);
+        # scikit-learn and scipy: tests/examples runs the example scripts
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "gluonnlp==0.10.0",
+                 "scikit-learn>=1.2,<1.4", "scipy>=1.9,<1.12"],
     },
     entry_points={"console_scripts": ["tofu-mx=tofu_mx.cli:main"]},
 )

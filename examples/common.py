@@ -1,0 +1,546 @@
+"""What the example training scripts share: their flags, the training loop over a block
+partitioned with ``tofu_mx.gluon``, checkpoints, and the comparison with plain Gluon.
+
+A script describes its model and data as a :class:`Task` and calls :func:`run`.
+"""
+from __future__ import annotations
+
+import os
+
+# MXNet logs a line per executor bound; only the log is silenced.
+os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
+
+import tofu_mx  # noqa: E402  (sets MXNet's environment before any operator runs)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import pickle  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import textwrap  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any, Callable, Sequence  # noqa: E402
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mxnet import autograd, gluon  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import tofu_mx.gluon as tg  # noqa: E402
+from tofu_mx.devices import parse_devices  # noqa: E402
+from tofu_mx.summary import format_bytes, parse_bytes  # noqa: E402
+
+#: where blocks are built and initialised before partitioning (the partition copies them)
+HOST = mx.cpu(0)
+#: float64 (--compare): the partitioned loss curve must equal plain Gluon's to this relative
+#: tolerance at every step. Only summation orders differ (split reductions), and float64
+#: rounds at 1e-16, so 1e-7 leaves room for rounding growing ~1e9x through training.
+RTOL_FLOAT64 = 1e-7
+#: float32 (--compare): both float32 curves are judged against a float64 run of plain Gluon
+#: (the oracle, from the same initial values and batches). At each step the partitioned
+#: curve's relative error must be at most FLOAT32_ERROR_FACTOR x the largest error plain
+#: Gluon's float32 curve has had up to that step + FLOAT32_ERROR_FLOOR: partitioning may change
+#: the rounding, not add error beyond float32's. Two summation orders give errors of the same
+#: size, not the same errors, hence the factor; training amplifies rounding step after step,
+#: so a step is judged by the amplification Gluon has shown so far; the floor (64 float32
+#: ulps) covers first steps where Gluon's error happens to be near zero.
+FLOAT32_ERROR_FACTOR = 4.0
+FLOAT32_ERROR_FLOOR = 64 * float(np.finfo(np.float32).eps)
+#: float32 (--compare): where plain Gluon's float32 curve strays further than this (relative)
+#: from the float64 oracle, float32 training is too ill-conditioned for a tight comparison,
+#: and the script says so
+FLOAT32_ILL_CONDITIONED = 1e-3
+CHECKPOINT_FORMAT = "tofu_mx-examples-checkpoint/1"
+
+EPILOG = "\n\n".join(textwrap.fill(paragraph, 88) for paragraph in (
+    f"--compare trains a copy of the same initialised block with plain Gluon on the first "
+    f"device of --devices (gluon.Trainer, same batches and optimizer; Dropout switched off "
+    f"in every run, as its random masks differ) and prints both loss curves side by side; "
+    f"the exit code is 1 if they differ beyond float tolerance. float64: every step within "
+    f"rtol {RTOL_FLOAT64:g}. float32: a third run, plain Gluon in float64, is the oracle; at "
+    f"each step the partitioned curve's relative error from it may be at most "
+    f"{FLOAT32_ERROR_FACTOR:g} x the largest error plain Gluon's float32 curve has had so far "
+    f"+ {FLOAT32_ERROR_FLOOR:.1e}. Two float32 runs are not compared with each other: "
+    f"small-batch BatchNorm makes training ill-conditioned, and runs that only sum in "
+    f"different orders drift apart.",
+    "--checkpoint DIR writes a checkpoint every --checkpoint-every steps and at the end: the "
+    "parameters (Gluon's .params format), the trainer states (gluon.Trainer's format), then "
+    "checkpoint.json (step, loss curve, flags), which commits them. --resume continues from "
+    "it at any device count, with the same model, data and optimizer flags. Dropout masks "
+    "are not part of a checkpoint: a network with Dropout resumes, but not on exactly the "
+    "curve it would have followed."))
+
+
+class ExampleError(Exception):
+    """A problem with the flags or a checkpoint: printed as one line, exit code 2."""
+
+
+@dataclass
+class Task:
+    """One script's model and data."""
+
+    name: str                                  # the script, as checkpoints record it
+    title: str                                 # the model, for people
+    make_net: Callable[[], gluon.HybridBlock]  # a new, uninitialised block, the same names
+    init: mx.init.Initializer
+    loss: gluon.HybridBlock                    # per-sample losses from (output, label)
+    data: Any                                  # .batch(step) -> (x, y) NumPy; .fingerprint()
+    config: dict = field(default_factory=dict)  # model and data flags a resume must keep
+
+
+# --- flags ---------------------------------------------------------------------------------
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (``prog: error: ...``) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+positive_int = int_at_least(1)
+
+
+def devices(text: str) -> list[mx.Context]:
+    try:
+        return parse_devices(text)
+    except tofu_mx.TofuError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def memory(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except tofu_mx.TofuError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def optimizer_name(text: str) -> str:
+    name = text.lower()
+    if name not in mx.optimizer.Optimizer.opt_registry:
+        raise argparse.ArgumentTypeError(
+            f"unknown optimizer {text!r}; MXNet has "
+            f"{', '.join(sorted(mx.optimizer.Optimizer.opt_registry))}")
+    return name
+
+
+def parser(description: str, *, batch_size: int, lr: float, steps_total: int = 5) -> Parser:
+    """The flags every script takes; the script adds its model's."""
+    p = Parser(description=description, epilog=EPILOG,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add_argument
+    add("--devices", type=devices, default="cpu:2",
+        help="cpu:K, gpu:K, K (cpu) or gpu:0,2,5 (default cpu:2)")
+    add("--dtype", choices=("float32", "float64"), default="float32")
+    add("--batch-size", type=positive_int, default=batch_size)
+    add("--steps-total", type=positive_int, default=steps_total,
+        help="training steps of the whole run, resumed ones included")
+    add("--optimizer", type=optimizer_name, default="sgd")
+    add("--lr", type=float, default=lr)
+    add("--momentum", type=float, default=0.9, help="for sgd and nag")
+    add("--wd", type=float, default=1e-4)
+    add("--seed", type=int, default=0, help="initial values and batches")
+    add("--init", choices=("host", "shards"), default="host",
+        help="host: initialise the whole network on cpu(0), then partition it (the same "
+             "initial values at any device count; --compare needs it). shards: each device "
+             "initialises its own shards, no whole parameter anywhere (networks larger than "
+             "host memory)")
+    add("--memory-budget", type=memory, default=None,
+        help="bytes per device for the partitioner's search, e.g. 16GiB")
+    add("--checkpoint", metavar="DIR", help="checkpoint folder")
+    add("--checkpoint-every", type=positive_int, metavar="N")
+    add("--resume", action="store_true", help="continue from the checkpoint in --checkpoint")
+    add("--compare", action="store_true", help="also train with plain Gluon (see below)")
+    add("--kill-after-step", type=positive_int, help=argparse.SUPPRESS)  # tests: SIGKILL
+    return p
+
+
+def run(p: Parser, build_task: Callable[[argparse.Namespace], Task],
+        argv: Sequence[str] | None = None) -> int:
+    """Parse the flags, build the task, train; errors in flags or checkpoints are one line
+    and exit code 2, a --compare mismatch exit code 1."""
+    args = p.parse_args(argv)
+    if (args.resume or args.checkpoint_every) and not args.checkpoint:
+        p.error("--resume and --checkpoint-every need --checkpoint DIR")
+    if args.compare and args.init != "host":
+        p.error("--compare needs --init host (plain Gluon starts from the same whole values)")
+    try:
+        return train(args, build_task(args))
+    except (ExampleError, tofu_mx.TofuError) as e:
+        lines = str(e).splitlines() or [type(e).__name__]
+        print(f"{p.prog}: error: {lines[0]}", file=sys.stderr)
+        return 2
+
+
+# --- blocks --------------------------------------------------------------------------------
+def new_block(task: Task, dtype: str, ctx: mx.Context = HOST, materialise: bool = True
+              ) -> gluon.HybridBlock:
+    """A new block of the task in ``dtype``, initialised on ``ctx`` (its deferred shapes
+    resolved by one forward pass on zeros, in predict mode: BatchNorm statistics stay as
+    initialised); with ``materialise=False``, not initialised at all."""
+    with mx.name.NameManager():      # the same Parameter names in every copy
+        net = task.make_net()
+    net.cast(dtype)
+    if not materialise:
+        return net
+    net.initialize(task.init, ctx=ctx)
+    x, _ = task.data.batch(0)
+    shape = (1,) + x.shape[1:]
+    try:
+        net(mx.nd.zeros(shape, dtype=dtype, ctx=ctx))
+    except (mx.base.MXNetError, ValueError) as e:
+        raise ExampleError(f"{task.title} cannot take input of shape {shape}: "
+                           f"{_mxnet_reason(e)}. Give a larger input (--image-size)") from e
+    return net
+
+
+def _mxnet_reason(error: Exception) -> str:
+    """The line of an MXNet error that says what failed."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    failed = [line for line in lines if "Check failed" in line or "Error in operator" in line]
+    return (failed or lines or [type(error).__name__])[-1]
+
+
+def switch_off_dropout(net: gluon.Block) -> int:
+    """Set the rate of every ``nn.Dropout`` in ``net`` to 0 (its forward is then the
+    identity); returns how many had a rate above 0."""
+    found = 0
+
+    def visit(block):
+        nonlocal found
+        if isinstance(block, gluon.nn.Dropout) and block._rate > 0:
+            block._rate, found = 0.0, found + 1   # Gluon 1.9.1 reads _rate in hybrid_forward
+        for child in block._children.values():
+            visit(child)
+    visit(net)
+    return found
+
+
+def has_dropout(net: gluon.Block) -> bool:
+    return isinstance(net, gluon.nn.Dropout) and net._rate > 0 or any(
+        has_dropout(child) for child in net._children.values())
+
+
+def copy_block(task: Task, source: gluon.HybridBlock, dtype: str, ctx: mx.Context
+               ) -> gluon.HybridBlock:
+    """A new block on ``ctx`` holding ``source``'s values (cast to ``dtype``)."""
+    net = new_block(task, dtype, ctx)
+    if not has_dropout(source):
+        switch_off_dropout(net)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "source.params")
+        source.save_parameters(path)
+        net.load_parameters(path, ctx=ctx, cast_dtype=True, dtype_source="current")
+    return net
+
+
+def optimizer_params(args) -> dict:
+    params = {"learning_rate": args.lr, "wd": args.wd}
+    if args.optimizer in ("sgd", "nag"):
+        params["momentum"] = args.momentum
+    return params
+
+
+@dataclass
+class Reference:
+    """Plain Gluon on one device (--compare)."""
+
+    label: str
+    dtype: str
+    ctx: mx.Context
+    net: gluon.HybridBlock
+    trainer: gluon.Trainer
+    curve: list = field(default_factory=list)
+
+    def step(self, loss_block, x: np.ndarray, y: np.ndarray) -> float:
+        data = mx.nd.array(x, dtype=self.dtype, ctx=self.ctx)
+        label = mx.nd.array(y, dtype=self.dtype, ctx=self.ctx)
+        with autograd.record():
+            losses = loss_block(self.net(data), label)
+        losses.backward()
+        self.trainer.step(x.shape[0])
+        self.curve.append(mean(losses))
+        return self.curve[-1]
+
+
+def references(args, task: Task, net: gluon.HybridBlock) -> list[Reference]:
+    dtypes = [args.dtype] + (["float64"] if args.dtype == "float32" else [])
+    ctx, out = args.devices[0], []
+    for dtype in dtypes:
+        copy = copy_block(task, net, dtype, ctx)
+        trainer = gluon.Trainer(copy.collect_params(), args.optimizer, optimizer_params(args))
+        label = "gluon" if dtype == args.dtype else "oracle"
+        out.append(Reference(f"{label} {dtype}", dtype, ctx, copy, trainer))
+    return out
+
+
+def mean(losses: mx.nd.NDArray) -> float:
+    return float(losses.asnumpy().astype(np.float64).mean())
+
+
+# --- checkpoints ---------------------------------------------------------------------------
+def run_config(args, task: Task) -> dict:
+    """What a resumed run must share with the checkpoint (devices and length may differ)."""
+    return dict(script=task.name, **task.config, batch_size=args.batch_size, dtype=args.dtype,
+                seed=args.seed, optimizer=args.optimizer, data=task.data.fingerprint())
+
+
+def _write_atomically(path: str, write: Callable[[str], None]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.chmod(tmp, 0o666 & ~umask)      # as open() would create it, not mkstemp's 0600
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def save_checkpoint(folder: str, step: int, curve: list, config: dict,
+                    pnet: tg.PartitionedBlock, trainer: tg.Trainer) -> None:
+    """Parameters and trainer states under names carrying the step, then checkpoint.json
+    naming them: the JSON is the commit point, so a kill at any moment leaves the previous
+    checkpoint whole. Files of other steps are removed afterwards."""
+    os.makedirs(folder, exist_ok=True)
+    stem = f"step-{step:08d}"
+    files = [stem + ".params", stem + ".states"]
+    pnet.export_parameters(os.path.join(folder, files[0]))    # atomic itself
+    trainer.save_states(os.path.join(folder, files[1]))       # atomic itself
+    for name in files:                    # on disk before the JSON names them
+        _fsync(os.path.join(folder, name))
+    blob = dict(format=CHECKPOINT_FORMAT, step=step, losses=curve, config=config,
+                params=files[0], states=files[1])
+
+    def dump(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(blob, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+    _write_atomically(os.path.join(folder, "checkpoint.json"), dump)
+    _fsync(folder)
+    for name in os.listdir(folder):
+        if (name.startswith("step-") and name not in files) or name.startswith(".tmp-"):
+            os.remove(os.path.join(folder, name))
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(folder: str, config: dict) -> dict:
+    path = os.path.join(folder, "checkpoint.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            blob = json.load(f)
+    except FileNotFoundError:
+        raise ExampleError(f"--resume: no checkpoint in {folder!r} ({path} does not exist); "
+                           f"train with --checkpoint {folder} first") from None
+    except (OSError, ValueError) as e:
+        raise ExampleError(f"--resume: cannot read {path}: {e}") from e
+    if not isinstance(blob, dict) or blob.get("format") != CHECKPOINT_FORMAT:
+        raise ExampleError(f"--resume: {path} is not a checkpoint of these scripts "
+                           f"(format {CHECKPOINT_FORMAT!r})")
+    saved = blob["config"]
+    differ = [f"{k}={saved.get(k)!r} (now {v!r})" for k, v in config.items() if saved.get(k) != v]
+    if differ:
+        raise ExampleError(f"--resume: {folder!r} was written by another run: "
+                           f"{', '.join(differ)}. Resume with the model, data and optimizer "
+                           f"flags it was written with (devices and --steps-total may differ)")
+    return blob
+
+
+def states_as(path: str, dtype: str, folder: str) -> str:
+    """A copy of a trainer-states file with its arrays cast to ``dtype`` (for the float64
+    oracle resuming from a float32 checkpoint)."""
+    with open(path, "rb") as f:
+        states, opt = pickle.loads(f.read())
+
+    def cast(x):
+        if isinstance(x, mx.nd.NDArray):
+            return x.astype(dtype)
+        if isinstance(x, (tuple, list)):
+            return type(x)(cast(v) for v in x)
+        return x
+    out = os.path.join(folder, f"states.{dtype}")
+    with open(out, "wb") as f:
+        f.write(pickle.dumps(({k: cast(v) for k, v in states.items()}, opt)))
+    return out
+
+
+def resume(args, blob: dict, pnet, trainer, refs: list[Reference]) -> tuple[int, list]:
+    """Load the checkpoint ``blob`` (read by :func:`load_checkpoint`) into the partitioned
+    block, its trainer and the references; returns its step and loss curve."""
+    params = os.path.join(args.checkpoint, blob["params"])
+    states = os.path.join(args.checkpoint, blob["states"])
+    pnet.load_parameters(params)
+    trainer.load_states(states)
+    for ref in refs:      # Gluon reads the same files: they are Gluon's formats
+        ref.net.load_parameters(params, ctx=ref.ctx, cast_dtype=True,
+                                dtype_source="current")
+        with tempfile.TemporaryDirectory() as folder:
+            ref.trainer.load_states(states if ref.dtype == args.dtype
+                                    else states_as(states, ref.dtype, folder))
+    return int(blob["step"]), [float(v) for v in blob["losses"]]
+
+
+# --- training ------------------------------------------------------------------------------
+def check_available(contexts: Sequence[mx.Context]) -> None:
+    """GPUs asked for must exist (MXNet's own error comes at binding, pages long)."""
+    gpus = [c.device_id for c in contexts if c.device_type == "gpu"]
+    if gpus:
+        have = mx.context.num_gpus()
+        if max(gpus) >= have:
+            raise ExampleError(f"--devices asks for gpu({max(gpus)}) but MXNet sees {have} GPUs "
+                               f"(mxnet {mx.__version__}, CUDA "
+                               f"{'on' if mx.runtime.Features().is_enabled('CUDA') else 'off'}); "
+                               f"install mxnet-cu112 (pip install -e '.[gpu]') on a machine with "
+                               f"GPUs, or use --devices cpu:K")
+
+
+def train(args, task: Task) -> int:
+    check_available(args.devices)
+    config = run_config(args, task)
+    blob = load_checkpoint(args.checkpoint, config) if args.resume else None
+    mx.random.seed(args.seed)
+    np.random.seed(args.seed)
+    net = new_block(task, args.dtype, materialise=args.init == "host")
+    if args.compare and switch_off_dropout(net):
+        print("--compare: Dropout switched off in every run (its random masks differ between "
+              "runs)")
+    pnet = partition(args, task, net)
+    trainer = tg.Trainer(pnet, args.optimizer, optimizer_params(args))
+    refs = references(args, task, net) if args.compare else []
+    start, curve = 0, []
+    if blob is not None:
+        start, curve = resume(args, blob, pnet, trainer, refs)
+        print(f"resumed from {args.checkpoint} at step {start}")
+    seconds = loop(args, task, pnet, trainer, refs, start, curve, config)
+    report(args, curve, start, seconds, trainer)
+    return compare(args, curve, start, refs) if refs else 0
+
+
+def partition(args, task: Task, net: gluon.HybridBlock) -> tg.PartitionedBlock:
+    """``net`` partitioned over --devices for the task's batch shape, with its loss."""
+    x, y = task.data.batch(0)
+    started = time.perf_counter()
+    pnet = tg.partition(net, args.devices, loss=task.loss, data=x.shape, label=y.shape,
+                        dtype=args.dtype, init=task.init, memory_budget=args.memory_budget)
+    print(f"{task.title}, batch {args.batch_size}, {args.dtype}: partitioned over "
+          f"{len(args.devices)} devices ({', '.join(map(str, args.devices))}) in "
+          f"{time.perf_counter() - started:.1f} s")
+    fallbacks = pnet.partitioned.fallbacks
+    print("operators run whole (fallbacks): " + (
+        "none" if not fallbacks else f"{len(fallbacks)}: " +
+        "; ".join(f"{k} ({why})" for k, why in list(fallbacks.items())[:5])))
+    return pnet
+
+
+def loop(args, task, pnet, trainer, refs, start, curve, config) -> float:
+    """Train steps start+1 .. --steps-total; returns the seconds the partitioned steps took."""
+    seconds = 0.0
+    bar = tqdm(total=args.steps_total, initial=start, unit="step", dynamic_ncols=True)
+    for step in range(start + 1, args.steps_total + 1):
+        x, y = task.data.batch(step - 1)
+        tick = time.perf_counter()
+        losses = pnet.step(mx.nd.array(x, dtype=args.dtype), mx.nd.array(y, dtype=args.dtype))
+        trainer.step(args.batch_size)
+        curve.append(mean(losses))
+        seconds += time.perf_counter() - tick
+        for ref in refs:
+            ref.step(task.loss, x, y)
+        done = step - start
+        bar.set_postfix_str(f"loss {curve[-1]:.4f}, "
+                            f"{done * args.batch_size / seconds:.1f} samples/s")
+        bar.update(1)
+        if args.checkpoint and (step == args.steps_total or
+                                (args.checkpoint_every and step % args.checkpoint_every == 0)):
+            save_checkpoint(args.checkpoint, step, curve, config, pnet, trainer)
+        if step == args.kill_after_step:
+            bar.close()
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+    bar.close()
+    return seconds
+
+
+def report(args, curve, start, seconds, trainer) -> None:
+    print(f"loss curve ({len(curve)} steps): " + " ".join(f"{v:.6f}" for v in curve))
+    done = args.steps_total - start
+    if done > 0:
+        print(f"trained steps {start + 1}-{args.steps_total} of {args.steps_total}: "
+              f"{done * args.batch_size / seconds:.1f} samples/s ({seconds:.2f} s in "
+              f"partitioned steps)")
+    else:
+        print(f"nothing to train: the checkpoint is at step {start} of {args.steps_total}")
+    columns = ("weights", "gradients", "aux", "inputs", "activations", "optimizer", "total")
+    print("memory per device (Trainer.memory_per_device):")
+    print(f"  {'device':<8}" + "".join(f"{c:>13}" for c in columns))
+    for row in trainer.memory_per_device():
+        print(f"  {row.device:<8}" + "".join(f"{format_bytes(getattr(row, c)):>13}"
+                                             for c in columns))
+
+
+def compare(args, curve, start, refs: list[Reference]) -> int:
+    """Print the curves of this run's steps side by side; 1 if they differ beyond tolerance."""
+    ours, gluon_curve = np.array(curve[start:]), np.array(refs[0].curve)
+    if len(ours) == 0:
+        print("--compare: no steps were run")
+        return 0
+    rel = np.abs(ours - gluon_curve) / np.abs(gluon_curve)
+    columns = [(f"tofu_mx {len(args.devices)} devices", ours, "22.16g"),
+               (f"{refs[0].label} {refs[0].ctx}", gluon_curve, "22.16g"),
+               ("rel. diff", rel, "9.1e")]
+    if len(refs) == 1:
+        ok = bool((rel <= RTOL_FLOAT64).all())
+        verdict = (f"largest relative difference {rel.max():.2e}, tolerance {RTOL_FLOAT64:g} "
+                   f"(float64)")
+    else:
+        oracle = np.array(refs[1].curve)
+        ours_err = np.abs(ours - oracle) / np.abs(oracle)
+        gluon_err = np.abs(gluon_curve - oracle) / np.abs(oracle)
+        allowed = FLOAT32_ERROR_FACTOR * np.maximum.accumulate(gluon_err) + FLOAT32_ERROR_FLOOR
+        columns += [(f"{refs[1].label} {refs[1].ctx}", oracle, "22.16g"),
+                    ("tofu err", ours_err, "9.1e"), ("gluon err", gluon_err, "9.1e"),
+                    ("allowed", allowed, "9.1e")]
+        ok = bool((ours_err <= allowed).all())
+        worst = int(np.argmax(ours_err / allowed))
+        verdict = (f"relative error from the float64 oracle at most {ours_err.max():.2e} "
+                   f"(plain Gluon float32: {gluon_err.max():.2e}); closest to its limit at step "
+                   f"{start + worst + 1}: {ours_err[worst]:.2e} of {allowed[worst]:.2e} allowed "
+                   f"({FLOAT32_ERROR_FACTOR:g} x Gluon's largest so far + "
+                   f"{FLOAT32_ERROR_FLOOR:.1e})")
+    widths = [max(len(title), int(fmt.split(".")[0])) for title, _, fmt in columns]
+    print(f"{'step':>5}" + "".join(f"  {title:>{w}}" for (title, _, _), w in
+                                    zip(columns, widths)))
+    for i in range(len(ours)):
+        print(f"{start + i + 1:>5}" + "".join(f"  {values[i]:>{w}{fmt[fmt.index('.'):]}}"
+                                              for (_, values, fmt), w in zip(columns, widths)))
+    print(f"--compare: {'agree' if ok else 'DIFFER'}: {verdict}")
+    if len(refs) > 1 and gluon_err.max() > FLOAT32_ILL_CONDITIONED:
+        print(f"--compare: plain Gluon's own float32 curve strays up to {gluon_err.max():.1e} "
+              f"from float64's: training is ill-conditioned here (small batches, BatchNorm on "
+              f"small feature maps), so float32 bounds the comparison loosely; --dtype float64 "
+              f"compares tightly")
+    return 0 if ok else 1

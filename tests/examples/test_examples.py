@@ -1,0 +1,108 @@
+"""The example training scripts, run as a user runs them (subprocesses, small sizes): each
+trains as plain Gluon does (--compare, float64), a run killed by SIGKILL resumes from its
+checkpoint at another device count on the curve an uninterrupted run follows, and bad flags
+give one line and exit code 2."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+#: small sizes: a few seconds a run on 2 cores
+SMALL = {
+    "train_wresnet.py": ["--depth", "14", "--widen", "1", "--image-size", "32"],
+    "train_rnn.py": ["--layers", "2", "--hidden", "32", "--steps", "6", "--vocab", "48"],
+    "train_gluon_zoo.py": ["--model", "resnet18_v1", "--image-size", "32"],
+}
+
+
+def run(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, str(EXAMPLES / script), *SMALL[script], *args],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def printed_curve(stdout: str) -> list[float]:
+    found = re.search(r"^loss curve \((\d+) steps\): (.*)$", stdout, re.MULTILINE)
+    assert found, stdout
+    values = [float(v) for v in found.group(2).split()]
+    assert len(values) == int(found.group(1))
+    return values
+
+
+def checkpoint(folder: Path) -> dict:
+    return json.loads((folder / "checkpoint.json").read_text())
+
+
+@pytest.mark.parametrize("script, dtype", [(s, "float64") for s in sorted(SMALL)]
+                         + [("train_rnn.py", "float32")])
+def test_trains_as_plain_gluon_does(script, dtype):
+    done = run(script, "--compare", "--dtype", dtype, "--steps-total", "3",
+               "--batch-size", "4", "--devices", "cpu:2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "operators run whole (fallbacks): none" in done.stdout
+    assert len(printed_curve(done.stdout)) == 3
+    rows = re.findall(r"^ +([123])((?: +\S+){3,})$", done.stdout, re.MULTILINE)
+    assert [int(r[0]) for r in rows] == [1, 2, 3]               # side by side, every step
+    columns = np.array([[float(v) for v in r[1].split()] for r in rows])
+    if dtype == "float64":
+        assert "--compare: agree: largest relative difference" in done.stdout
+        np.testing.assert_allclose(columns[:, 0], columns[:, 1], rtol=1e-7)
+    else:       # judged against plain Gluon in float64, the fourth column
+        assert "--compare: agree: relative error from the float64 oracle" in done.stdout
+        np.testing.assert_allclose(columns[:, 0], columns[:, 3], rtol=1e-5)
+    assert re.search(r"^\s+cpu\(1\)\s+\d", done.stdout, re.MULTILINE)   # memory per device
+    assert re.search(r"\d+\.\d samples/s", done.stdout)
+
+
+def test_a_killed_run_resumes_at_another_device_count_on_the_same_curve(tmp_path):
+    """WResNet: the checkpoint carries BatchNorm's statistics and SGD's momentum."""
+    common = ["--dtype", "float64", "--steps-total", "5", "--checkpoint-every", "2",
+              "--batch-size", "4"]
+    killed = run("train_wresnet.py", *common, "--devices", "cpu:2",
+                 "--checkpoint", str(tmp_path / "ck"), "--kill-after-step", "3")
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    saved = checkpoint(tmp_path / "ck")
+    assert saved["step"] == 2 and len(saved["losses"]) == 2
+    assert sorted(os.listdir(tmp_path / "ck")) == [
+        "checkpoint.json", "step-00000002.params", "step-00000002.states"]
+
+    other = run("train_wresnet.py", *common, "--widen", "2",
+                "--checkpoint", str(tmp_path / "ck"), "--resume")
+    assert other.returncode == 2
+    assert re.fullmatch(r"train_wresnet\.py: error: --resume: .* was written by another run: "
+                        r"widen=1 \(now 2\)\. .*\n", other.stderr.splitlines(True)[-1])
+
+    resumed = run("train_wresnet.py", *common, "--devices", "cpu:4",
+                  "--checkpoint", str(tmp_path / "ck"), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from {tmp_path / 'ck'} at step 2" in resumed.stdout
+    assert len(printed_curve(resumed.stdout)) == 5               # the whole curve
+    whole = run("train_wresnet.py", *common, "--devices", "cpu:2",
+                "--checkpoint", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    a, b = checkpoint(tmp_path / "ck"), checkpoint(tmp_path / "whole")
+    assert a["step"] == b["step"] == 5
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-7, atol=0)
+    assert a["losses"][:2] == saved["losses"]
+    assert printed_curve(resumed.stdout) == pytest.approx(a["losses"], abs=1e-6)
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("train_rnn.py", ["--devices", "cpu:0"], r"argument --devices: .* names no device"),
+    ("train_gluon_zoo.py", ["--model", "resnet19"],
+     r"argument --model: unknown model 'resnet19'; did you mean"),
+])
+def test_a_bad_flag_is_one_line_and_exit_code_2(script, args, message):
+    done = run(script, *args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert re.match(rf"{re.escape(script)}: error: {message}", done.stderr)
