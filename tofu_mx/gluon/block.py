@@ -89,7 +89,9 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
       without shapes) is initialised shard by shard, each shard from the parameter's own
       initializer (or ``init``, or Gluon's default ``Uniform``) with the whole parameter's
       fan-in and fan-out: no device ever holds the whole parameter.
-    - ``memory_budget``, ``options``, ``strict``: as :func:`tofu_mx.partition`.
+    - ``memory_budget``, ``options``, ``strict``: as :func:`tofu_mx.partition`. The budget
+      counts the optimizer state ``options.optimizer_state`` says the trainer will keep
+      (bytes per parameter byte: ``SearchOptions(optimizer_state=2)`` for Adam).
 
     Returns a :class:`PartitionedBlock`. ``block`` is not modified.
     """
@@ -382,13 +384,18 @@ class _Run(autograd.Function):
         return tuple(mx.nd.zeros(shape, ctx=ctx, dtype=dtype) for shape, ctx, dtype in self.shapes)
 
 
-def atomic_save(path: str, blob: Mapping[str, mx.nd.NDArray]) -> None:
-    """``mx.nd.save`` to a temporary file beside ``path``, then renamed over it."""
+def atomic_write(path: str, write) -> None:
+    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over
+    ``path``: a reader never sees a partial file. The file gets the permissions a plain
+    ``open(path, "w")`` would (the umask applied), as Gluon's own files do."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".params", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     os.close(fd)
     try:
-        mx.nd.save(tmp, dict(blob))
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -396,4 +403,9 @@ def atomic_save(path: str, blob: Mapping[str, mx.nd.NDArray]) -> None:
         raise
 
 
-__all__ = ["PartitionedBlock", "partition", "trace", "atomic_save"]
+def atomic_save(path: str, blob: Mapping[str, mx.nd.NDArray]) -> None:
+    """``mx.nd.save`` written atomically (:func:`atomic_write`)."""
+    atomic_write(path, lambda tmp: mx.nd.save(tmp, dict(blob)))
+
+
+__all__ = ["PartitionedBlock", "partition", "trace", "atomic_save", "atomic_write"]

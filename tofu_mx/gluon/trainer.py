@@ -14,16 +14,14 @@ loads into a plain ``gluon.Trainer`` or into a Trainer at any other device count
 from __future__ import annotations
 
 import copy
-import os
 import pickle
-import tempfile
 from typing import Any, Mapping
 
 import mxnet as mx
 import numpy as np
 
 from tofu_mx.errors import InvalidArgumentError
-from tofu_mx.gluon.block import PartitionedBlock
+from tofu_mx.gluon.block import PartitionedBlock, atomic_write
 
 
 class Trainer:
@@ -136,16 +134,11 @@ class Trainer:
         opt.param_dict = {}
         opt.rescale_grad = self._scale
         blob = pickle.dumps((states, opt))
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".states", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
                 f.write(blob)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        atomic_write(path, write)
 
     def load_states(self, path: str) -> None:
         """Read a file written by :meth:`save_states` or ``gluon.Trainer.save_states`` (of the

@@ -17,8 +17,8 @@ from nnvm_passes.importer import check_symbol, import_symbol
 from nnvm_passes.ir import Graph
 from nnvm_passes.rewrite import RewriteResult, VarShard, rewrite
 from tofu_mx.devices import check_contexts, group_name, warn_if_mkldnn_across_cpus
-from tofu_mx.errors import (CheckpointError, InvalidArgumentError, NoFeasiblePlanError,
-                            TofuError, UnsupportedOperatorError)
+from tofu_mx.errors import (CheckpointError, ContextError, InvalidArgumentError,
+                            NoFeasiblePlanError, TofuError, UnsupportedOperatorError)
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.search.cut import needs_grad_of
 from tofu_mx.search.plan import Plan, SearchOptions, budgets_of, plan_graph
@@ -96,6 +96,14 @@ class PartitionedSymbol:
         shapes.update(kwargs.pop("shapes", {}))
         types = {s.name: s.dtype for s in self._arg_shards()}
         warn_if_mkldnn_across_cpus(self.contexts)
+        missing = [c for c in self.contexts if c.device_type == "gpu"
+                   and c.device_id >= mx.context.num_gpus()]
+        if missing:
+            raise ContextError(
+                f"cannot bind on {', '.join(map(str, missing))}: MXNet sees "
+                f"{mx.context.num_gpus()} GPU(s) (a CPU build of MXNet sees none). Install "
+                f"mxnet-cu112 (pip install .[gpu]) on a machine with the GPUs, or use "
+                f"mx.cpu(i) devices")
         exe = self.symbol.simple_bind(ctx=self.contexts[0], grad_req=grad_req,
                                       type_dict=types, group2ctx=self.group2ctx,
                                       **shapes, **kwargs)
@@ -350,7 +358,9 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
             continue
         _check_operators(graph, plan, k, strict)
         ptd = apply_plan(symbol, graph, plan, contexts)
-        mem = ptd.memory_per_device()
+        # the optimizer state the options expect counts against the budget too
+        mem = [dataclasses.replace(m, optimizer=int(m.weights * tried.optimizer_state))
+               for m in ptd.memory_per_device()]
         over = [(d, m, b) for d, (m, b) in enumerate(zip(mem, budgets)) if m.total > b]
         if not over:
             return ptd
@@ -358,7 +368,8 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         failures.append(NoFeasiblePlanError(
             f"no partition fits: with memory_weight={weight:g}, {m.device} needs "
             f"{format_bytes(m.total)} (weights {format_bytes(m.weights)}, gradients "
-            f"{format_bytes(m.gradients)}, activations {format_bytes(m.activations)}) but its "
+            f"{format_bytes(m.gradients)}, optimizer {format_bytes(m.optimizer)}, activations "
+            f"{format_bytes(m.activations)}) but its "
             f"budget is {format_bytes(b)}; use more devices, a smaller batch, or a larger "
             f"budget", m.total))
     raise min(failures, key=lambda e: e.footprint)

@@ -333,3 +333,42 @@ def test_autograd_steps_back_to_back_need_no_waitall():
     trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1})
     trainer.step(8)
     assert all(np.allclose(a.asnumpy(), losses[0].asnumpy()) for a in losses)
+
+
+def test_the_memory_budget_counts_the_optimizer_state():
+    def mlp():
+        net = nn.HybridSequential(prefix="mlp_")
+        with net.name_scope():
+            net.add(nn.Dense(1024, activation="relu", in_units=1024), nn.Dense(1024, in_units=1024))
+        net.initialize(ctx=mx.cpu(0))
+        return net
+    kwargs = dict(loss=gluon.loss.L2Loss(), data=(8, 1024), label=(8, 1024),
+                  memory_budget=9 << 20)
+    pnet = tg.partition(mlp(), devices(2), **kwargs)      # fits without optimizer state
+    assert max(m.total for m in pnet.memory_per_device()) <= 9 << 20
+    with pytest.raises(tofu_mx.NoFeasiblePlanError, match="optimizer 8.0"):
+        tg.partition(mlp(), devices(2), options=tofu_mx.SearchOptions(optimizer_state=2),
+                     **kwargs)
+
+
+def test_saved_files_get_the_permissions_gluon_gives(tmp_path):
+    import os
+    net = wide_mlp()
+    net.initialize(ctx=mx.cpu(0))
+    pnet = tg.partition(net, devices(2), loss=gluon.loss.L2Loss(), data=(8, 256),
+                        label=(8, 256))
+    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    pnet.export_parameters(str(tmp_path / "ours.params"))
+    trainer.save_states(str(tmp_path / "ours.states"))
+    net.save_parameters(str(tmp_path / "gluon.params"))
+    modes = {p.name: os.stat(p).st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes["ours.params"] == modes["ours.states"] == modes["gluon.params"], modes
+
+
+def test_gpus_mxnet_cannot_see_are_one_line_errors():
+    if mx.context.num_gpus() >= 2:
+        pytest.skip("this machine has the GPUs")
+    net = wide_mlp()
+    net.initialize(ctx=mx.cpu(0))
+    with pytest.raises(tofu_mx.ContextError, match=r"cannot bind on gpu\(\d\).*MXNet sees"):
+        tg.partition(net, [mx.gpu(0), mx.gpu(1)], data=(8, 256))
