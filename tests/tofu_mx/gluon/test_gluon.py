@@ -43,6 +43,15 @@ def params_of(net):
     return {k: p.data().asnumpy() for k, p in net._collect_params_with_prefix().items()}
 
 
+def gluon_step(net, trainer, x, y, loss=LOSS):
+    """One step of plain Gluon on one device: the reference."""
+    with autograd.record():
+        out = loss(net(x), y)
+    out.backward()
+    trainer.step(x.shape[0])
+    return out
+
+
 def assert_same_params(pnet, net, tmp_path):
     path = str(tmp_path / "exported.params")
     pnet.export_parameters(path)
@@ -68,10 +77,7 @@ def test_sgd_momentum_through_step_matches_gluon(k, tmp_path):
         x, y = batch(step)
         loss = pnet.step(x, y)
         trainer.step(B)
-        with autograd.record():
-            want = LOSS(ref(x), y)
-        want.backward()
-        ref_trainer.step(B)
+        want = gluon_step(ref, ref_trainer, x, y)
         np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-7, atol=1e-10)
     assert_same_params(pnet, ref, tmp_path)
     # the user's block keeps its own values
@@ -96,10 +102,7 @@ def test_adam_through_the_autograd_loop_matches_gluon(k, tmp_path):
             loss = pnet(x, y)
         loss.backward()
         trainer.step(B)     # no mx.nd.waitall() needed here: Trainer.step waits itself
-        with autograd.record():
-            want = LOSS(ref(x), y)
-        want.backward()
-        ref_trainer.step(B)
+        want = gluon_step(ref, ref_trainer, x, y)
         np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-7, atol=1e-10)
         assert trainer.learning_rate == ref_trainer.learning_rate
     assert_same_params(pnet, ref, tmp_path)
@@ -116,10 +119,7 @@ def test_loss_applied_outside_the_partitioned_block():
             loss = LOSS(pnet(x), y)
         loss.backward()
         trainer.step(B)
-        with autograd.record():
-            want = LOSS(ref(x), y)
-        want.backward()
-        ref_trainer.step(B)
+        want = gluon_step(ref, ref_trainer, x, y)
         np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-7, atol=1e-10)
     x, _ = batch(9)
     np.testing.assert_allclose(pnet(x).asnumpy(), ref(x).asnumpy(), rtol=1e-7, atol=1e-10)
@@ -159,10 +159,7 @@ def test_trainer_states_load_into_gluon_and_back_at_another_device_count(tmp_pat
         x, y = batch(step)
         pnet.step(x, y)
         trainer.step(B)
-        with autograd.record():
-            want = LOSS(ref(x), y)
-        want.backward()
-        ref_trainer.step(B)
+        gluon_step(ref, ref_trainer, x, y)
     ours, theirs = str(tmp_path / "ours.states"), str(tmp_path / "theirs.states")
     trainer.save_states(ours)
     ref_trainer.save_states(theirs)
@@ -188,10 +185,7 @@ def test_trainer_states_load_into_gluon_and_back_at_another_device_count(tmp_pat
     for step in range(2, 4):
         x, y = batch(step)
         for model, tr in ((ref, ref_trainer), (plain, plain_trainer)):
-            with autograd.record():
-                out = LOSS(model(x), y)
-            out.backward()
-            tr.step(B)
+            gluon_step(model, tr, x, y)
         two.step(x, y)
         two_trainer.step(B)
     assert_same_params(two, ref, tmp_path)
@@ -275,10 +269,7 @@ def test_shared_parameters_work():
     for _ in range(2):
         loss = pnet.step(x, x)
         trainer.step(4)
-        with autograd.record():
-            want = gluon.loss.L2Loss()(ref(x), x)
-        want.backward()
-        ref_trainer.step(4)
+        want = gluon_step(ref, ref_trainer, x, x, gluon.loss.L2Loss())
         np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-9)
 
 
