@@ -30,6 +30,7 @@ from tqdm import tqdm  # noqa: E402
 
 import tofu_mx.gluon as tg  # noqa: E402
 from tofu_mx.devices import parse_devices  # noqa: E402
+from tofu_mx.files import atomic_write  # noqa: E402
 from tofu_mx.summary import format_bytes, parse_bytes  # noqa: E402
 
 #: where blocks are built and initialised before partitioning (the partition copies them)
@@ -299,21 +300,6 @@ def run_config(args, task: Task) -> dict:
                 seed=args.seed, optimizer=args.optimizer, data=task.data.fingerprint())
 
 
-def _write_atomically(path: str, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(tmp, 0o666 & ~umask)      # as open() would create it, not mkstemp's 0600
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def save_checkpoint(folder: str, step: int, curve: list, config: dict,
                     pnet: tg.PartitionedBlock, trainer: tg.Trainer) -> None:
     """Parameters and trainer states under names carrying the step, then checkpoint.json
@@ -334,7 +320,7 @@ def save_checkpoint(folder: str, step: int, curve: list, config: dict,
             json.dump(blob, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
-    _write_atomically(os.path.join(folder, "checkpoint.json"), dump)
+    atomic_write(os.path.join(folder, "checkpoint.json"), dump)
     _fsync(folder)
     for name in os.listdir(folder):
         if (name.startswith("step-") and name not in files) or name.startswith(".tmp-"):

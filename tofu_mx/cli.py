@@ -24,6 +24,7 @@ from nnvm_passes.transforms import cast_floats
 from tofu_mx import models
 from tofu_mx.devices import parse_devices
 from tofu_mx.errors import InvalidArgumentError, TofuError, VerificationError
+from tofu_mx.files import atomic_write_bytes
 from tofu_mx.summary import format_bytes, parse_bytes, summarize
 from tofu_mx.tdl.annotate import import_graph
 
@@ -188,8 +189,7 @@ def _plan(args: argparse.Namespace, symbol, shapes) -> None:
                   options=_search_options(args), **shapes)
     print(result.report())
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(result.to_json())
+        atomic_write_bytes(args.json, result.to_json().encode("utf-8"))
 
 
 def _verify(args: argparse.Namespace, symbol, shapes) -> int:

@@ -12,9 +12,7 @@ never changed; it stays on its own devices with its own values.
 """
 from __future__ import annotations
 
-import os
-import tempfile
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -22,6 +20,7 @@ from mxnet import autograd, gluon
 
 from tofu_mx.devices import check_contexts, no_subgraph_backend
 from tofu_mx.errors import InvalidArgumentError, TofuError
+from tofu_mx.files import atomic_write
 from tofu_mx.gluon.init import initialize_shard
 from tofu_mx.runtime.partitioned import DeviceMemory, PartitionedSymbol
 from tofu_mx.runtime.partitioned import partition as partition_symbol
@@ -248,7 +247,7 @@ class PartitionedBlock(gluon.Block):
                 p = self._params_by_name[name]
                 if p._data is not None:
                     blob[key] = p.data(p.list_ctx()[0]).copyto(mx.cpu())
-        atomic_save(path, blob)
+        atomic_write(path, lambda tmp: mx.nd.save(tmp, blob))
 
     def load_parameters(self, path: str) -> None:
         """Read a file written by :meth:`export_parameters` or ``block.save_parameters``
@@ -384,28 +383,4 @@ class _Run(autograd.Function):
         return tuple(mx.nd.zeros(shape, ctx=ctx, dtype=dtype) for shape, ctx, dtype in self.shapes)
 
 
-def atomic_write(path: str, write) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it over
-    ``path``: a reader never sees a partial file. The file gets the permissions a plain
-    ``open(path, "w")`` would (the umask applied), as Gluon's own files do."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def atomic_save(path: str, blob: Mapping[str, mx.nd.NDArray]) -> None:
-    """``mx.nd.save`` written atomically (:func:`atomic_write`)."""
-    atomic_write(path, lambda tmp: mx.nd.save(tmp, dict(blob)))
-
-
-__all__ = ["PartitionedBlock", "partition", "trace", "atomic_save", "atomic_write"]
+__all__ = ["PartitionedBlock", "partition", "trace"]

@@ -21,7 +21,8 @@ import mxnet as mx
 import numpy as np
 
 from tofu_mx.errors import InvalidArgumentError
-from tofu_mx.gluon.block import PartitionedBlock, atomic_write
+from tofu_mx.files import atomic_write_bytes
+from tofu_mx.gluon.block import PartitionedBlock
 
 
 class Trainer:
@@ -133,12 +134,7 @@ class Trainer:
         opt._index_update_count = counts
         opt.param_dict = {}
         opt.rescale_grad = self._scale
-        blob = pickle.dumps((states, opt))
-
-        def write(tmp):
-            with open(tmp, "wb") as f:
-                f.write(blob)
-        atomic_write(path, write)
+        atomic_write_bytes(path, pickle.dumps((states, opt)))
 
     def load_states(self, path: str) -> None:
         """Read a file written by :meth:`save_states` or ``gluon.Trainer.save_states`` (of the

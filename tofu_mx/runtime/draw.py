@@ -56,7 +56,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections import Counter
 from dataclasses import dataclass
@@ -67,6 +66,7 @@ import numpy as np
 
 from nnvm_passes.ir import Graph
 from tofu_mx.errors import InvalidArgumentError, TofuError
+from tofu_mx.files import atomic_write_bytes
 from tofu_mx.search.cost import intersect, volume
 from tofu_mx.search.cut import Cut, View
 from tofu_mx.summary import format_bytes
@@ -576,14 +576,14 @@ def draw(ptd: PartitionedSymbol, path: str | os.PathLike, coarsen: bool | None =
     graph = render(pic, title)
     if suffix == ".dot" or shutil.which("dot") is None:
         written = os.path.splitext(path)[0] + ".dot"
-        _write_atomic(written, graph.source.encode("utf-8"))
+        atomic_write_bytes(written, graph.source.encode("utf-8"))
         return Drawing(written, suffix != ".dot", pic)
     try:
         data = graph.pipe(format=FORMATS[suffix])
     except (subprocess.CalledProcessError, OSError, RuntimeError) as e:
         raise TofuError(f"Graphviz's dot could not render {path!r}: {e}; draw to a .dot file "
                         f"and render it with dot -T{FORMATS[suffix]}") from e
-    _write_atomic(path, data)
+    atomic_write_bytes(path, data)
     return Drawing(path, False, pic)
 
 
@@ -600,21 +600,3 @@ def check_output(path: str) -> str:
         raise InvalidArgumentError(f"cannot write {path!r}: the folder {folder!r} does not "
                                    f"exist; create it first")
     return suffix
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to a temporary file in ``path``'s folder, then rename it to ``path``:
-    a reader never sees half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)      # as open() would have made it
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -19,6 +19,7 @@ from nnvm_passes.rewrite import RewriteResult, VarShard, rewrite
 from tofu_mx.devices import check_contexts, group_name, warn_if_mkldnn_across_cpus
 from tofu_mx.errors import (CheckpointError, ContextError, InvalidArgumentError,
                             NoFeasiblePlanError, TofuError, UnsupportedOperatorError)
+from tofu_mx.files import atomic_write
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.search.cut import needs_grad_of
 from tofu_mx.search.plan import Plan, SearchOptions, budgets_of, plan_graph
@@ -214,11 +215,12 @@ class PartitionedSymbol:
     # --- checkpoints ------------------------------------------------------------------------
     def save_params(self, path: str) -> None:
         """Write the parameters as an ordinary MXNet ``.params`` file (``arg:<name>`` and
-        ``aux:<name>`` keys, whole arrays): the unpartitioned symbol loads it as it is."""
+        ``aux:<name>`` keys, whole arrays): the unpartitioned symbol loads it as it is. The
+        file is written atomically."""
         args, aux = self.get_params()
         blob = {f"arg:{k}": v for k, v in args.items()}
         blob.update({f"aux:{k}": v for k, v in aux.items()})
-        mx.nd.save(path, blob)
+        atomic_write(path, lambda tmp: mx.nd.save(tmp, blob))
 
     def load_params(self, path: str) -> None:
         """Read an ordinary ``.params`` file (saved at any device count, or by Module/Gluon

@@ -141,7 +141,7 @@ def test_exported_parameters_load_into_the_plain_net_and_give_its_outputs(tmp_pa
     # predict mode (outside autograd.record): BatchNorm uses the trained moving statistics
     np.testing.assert_allclose(pnet(x, y).asnumpy(), LOSS(plain(x), y).asnumpy(),
                                rtol=1e-7, atol=1e-10)
-    assert not any(n.startswith(".tmp-") for n in map(str, tmp_path.iterdir()))
+    assert not any(p.name.startswith(".tmp-") for p in tmp_path.iterdir())
     # and back into a partition at another device count
     again = tg.partition(zoo_net(seed=5), devices(2), loss=LOSS, data=(B, 3, SIZE, SIZE),
                          label=(B,))
