@@ -56,6 +56,11 @@ class VarShard:
     def shape(self) -> tuple[int, ...]:
         return tuple(hi - lo + 1 for lo, hi in self.box)
 
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        """The box as an index into the whole array: ``whole[shard.slices]``."""
+        return tuple(slice(lo, hi + 1) for lo, hi in self.box)
+
 
 @dataclass
 class RewriteResult:

@@ -12,6 +12,7 @@ never changed; it stays on its own devices with its own values.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import mxnet as mx
@@ -171,6 +172,7 @@ class PartitionedBlock(gluon.Block):
         self._shards_of = by_source
         with no_subgraph_backend():     # MKLDNN's fusion passes can drop ctx groups
             self._exe = ptd.simple_bind(grad_req={n: _grad_req(p) for n, p in params.items()})
+        self._arrays = {**self._exe.arg_dict, **self._exe.aux_dict}   # shard name -> array
         self._fresh = False
         self._anchor = mx.nd.zeros((1,), ctx=ptd.contexts[0])
         self._anchor.attach_grad()
@@ -184,51 +186,34 @@ class PartitionedBlock(gluon.Block):
     def shard_arrays(self, kinds: Sequence[str] = ("param", "aux")
                      ) -> list[tuple[Any, mx.nd.NDArray, mx.nd.NDArray | None]]:
         """``(VarShard, value, gradient or None)`` of every shard of the given kinds."""
-        exe, out = self._exe, []
-        for s in self.partitioned.shards:
-            if s.kind in kinds:
-                if s.kind == "aux":
-                    out.append((s, exe.aux_dict[s.name], None))
-                else:
-                    out.append((s, exe.arg_dict[s.name], exe.grad_dict.get(s.name)))
-        return out
+        return [(s, self._arrays[s.name], self._exe.grad_dict.get(s.name))
+                for s in self.partitioned.shards if s.kind in kinds]
 
     def _fill(self, init) -> None:
         names_args, names_aux = self.partitioned.param_names()
-        whole = {n: self.partitioned.graph.node(n).outputs[0].shape for n in names_args + names_aux}
+        copied = {}
         for name in names_args + names_aux:
             p = self._params_by_name.get(name)
             if p is None:
                 raise TofuError(f"internal: the traced graph has a variable {name!r} that is "
                                 f"no Parameter of the block")
             if p._data is not None:
-                value = p.data(p.list_ctx()[0]).asnumpy()
-                self._write(name, value)
+                copied[name] = p.data(p.list_ctx()[0]).asnumpy()
+                continue
+            if p._deferred_init:
+                p_init, _, default_init, _ = p._deferred_init
             else:
-                if p._deferred_init:
-                    p_init, _, default_init, _ = p._deferred_init
-                else:
-                    default_init = init or mx.init.Uniform()
-                    p_init = p.init if p.init is not None else default_init
-                for s, value, _ in self.shard_arrays():
-                    if s.source == name:
-                        initialize_shard(p_init, default_init, name, value, whole[name], s.box)
+                default_init = init or mx.init.Uniform()
+                p_init = p.init if p.init is not None else default_init
+            whole = self.partitioned.graph.node(name).outputs[0].shape
+            for s in self._shards_of[name]:
+                initialize_shard(p_init, default_init, name, self._arrays[s.name], whole, s.box)
+        self._write(copied)
 
-    def _write(self, name: str, value: np.ndarray) -> None:
-        exe = self._exe
-        for s in self._shards_of[name]:
-            target = exe.aux_dict[s.name] if s.kind == "aux" else exe.arg_dict[s.name]
-            target[:] = value[tuple(slice(lo, hi + 1) for lo, hi in s.box)]
-
-    def _whole(self, name: str) -> np.ndarray:
-        mx.nd.waitall()     # a pending autograd backward pass (see _set_inputs)
-        shards = self._shards_of[name]
-        out = np.zeros(self.partitioned.graph.node(name).outputs[0].shape, dtype=shards[0].dtype)
-        exe = self._exe
-        for s in shards:
-            value = exe.aux_dict[s.name] if s.kind == "aux" else exe.arg_dict[s.name]
-            out[tuple(slice(lo, hi + 1) for lo, hi in s.box)] = value.asnumpy()
-        return out
+    def _write(self, values) -> None:
+        """Whole parameters and aux states (NumPy, by Parameter.name) into their shards."""
+        for name, part in self.partitioned.split_arrays(values, ("param", "aux")).items():
+            self._arrays[name][:] = part
 
     def structural_names(self) -> dict[str, str]:
         """The block's structural parameter names (``features.0.weight``, what
@@ -239,10 +224,12 @@ class PartitionedBlock(gluon.Block):
         """Write every parameter and auxiliary state, whole, under the block's structural
         names: ``block.load_parameters(path)`` reads it (as ``block.save_parameters`` wrote
         it), at any device count. The file is written atomically."""
+        mx.nd.waitall()     # a pending autograd backward pass (see _set_inputs)
+        wholes = self.partitioned.merge_arrays(self._arrays, ("param", "aux"))
         blob = {}
         for key, name in self.structural_names().items():
-            if name in self._shards_of:
-                blob[key] = mx.nd.array(self._whole(name), dtype=self._shards_of[name][0].dtype)
+            if name in wholes:
+                blob[key] = mx.nd.array(wholes[name], dtype=wholes[name].dtype)
             else:   # a parameter the graph does not read: the block's own value, if any
                 p = self._params_by_name[name]
                 if p._data is not None:
@@ -272,8 +259,7 @@ class PartitionedBlock(gluon.Block):
                 f"{path!r} does not fit {self.source.name}: missing {missing[:5]}, unknown "
                 f"{extra[:5]}, wrong shape {wrong[:5]}. Give a file saved from this block "
                 f"(save_parameters or PartitionedBlock.export_parameters).")
-        for key, name in wanted.items():
-            self._write(name, blob[key].asnumpy())
+        self._write({name: blob[key].asnumpy() for key, name in wanted.items()})
 
     # --- running ---------------------------------------------------------------------------
     def _set_inputs(self, arrays: Sequence[Any]) -> None:
@@ -286,7 +272,7 @@ class PartitionedBlock(gluon.Block):
         # until it is done (measured: "Cannot find attribute shape in the graph", or a hang,
         # at k=4 with two autograd steps back to back).
         mx.nd.waitall()
-        graph, exe = self.partitioned.graph, self._exe
+        graph = self.partitioned.graph
         for name, array in zip(names, arrays):
             want = graph.node(name).outputs[0].shape
             if tuple(array.shape) != want:
@@ -295,11 +281,11 @@ class PartitionedBlock(gluon.Block):
                     f"{want}: the partition is for one batch shape. Partition again for this "
                     f"shape, or drop (or pad) the last incomplete batch.")
             for s in self._shards_of[name]:
-                part = array[tuple(slice(lo, hi + 1) for lo, hi in s.box)]
+                part = array[s.slices]
                 if isinstance(part, mx.nd.NDArray):
-                    part.copyto(exe.arg_dict[s.name])
+                    part.copyto(self._arrays[s.name])
                 else:
-                    exe.arg_dict[s.name][:] = np.asarray(part)
+                    self._arrays[s.name][:] = np.asarray(part)
 
     def step(self, *arrays) -> mx.nd.NDArray:
         """Forward and backward once (training mode) with head gradients of 1; returns the
@@ -330,7 +316,6 @@ class PartitionedBlock(gluon.Block):
         rows = self.partitioned.memory_per_device()
         if optimizer_bytes is None:
             return rows
-        import dataclasses
         return [dataclasses.replace(m, optimizer=int(b)) for m, b in zip(rows, optimizer_bytes)]
 
     def bytes_per_device(self) -> list[dict[str, int]]:
@@ -341,7 +326,7 @@ class PartitionedBlock(gluon.Block):
         index = {c: i for i, c in enumerate(contexts)}
         exe = self._exe
         for s in self.partitioned.shards:
-            array = exe.aux_dict[s.name] if s.kind == "aux" else exe.arg_dict[s.name]
+            array = self._arrays[s.name]
             d = index[array.context]
             size = int(np.prod(array.shape)) * np.dtype(array.dtype).itemsize
             key = {"param": "weights", "aux": "aux"}.get(s.kind, "inputs")

@@ -180,7 +180,7 @@ class Trainer:
 
     def _merge(self, members: list[int]):
         """The shards' states of one parameter -> its whole state (NumPy-backed, on cpu)."""
-        first, whole_shape = self._shards[members[0]], None
+        first = self._shards[members[0]]
         whole_shape = self.block.partitioned.graph.node(first[0].source).outputs[0].shape
 
         def merge(parts):
@@ -195,7 +195,7 @@ class Trainer:
                     return head.copyto(mx.cpu())
                 out = np.zeros(whole_shape, dtype=head.dtype)
                 for s, h in parts:
-                    out[tuple(slice(lo, hi + 1) for lo, hi in s.box)] = h.asnumpy()
+                    out[s.slices] = h.asnumpy()
                 return mx.nd.array(out, ctx=mx.cpu(), dtype=out.dtype)
             return head
         return merge([(self._shards[i][0], self._updater.states[i]) for i in members])
@@ -208,8 +208,7 @@ class Trainer:
             return type(state)(self._split(x, shard, weight) for x in state)
         if isinstance(state, mx.nd.NDArray):
             if tuple(state.shape) == tuple(whole):
-                part = state[tuple(slice(lo, hi + 1) for lo, hi in shard.box)] \
-                    if len(whole) else state
+                part = state[shard.slices] if len(whole) else state
                 return part.as_in_context(weight.context).astype(state.dtype, copy=False)
             return state.as_in_context(weight.context)
         return state

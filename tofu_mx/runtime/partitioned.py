@@ -123,7 +123,7 @@ class PartitionedSymbol:
             if (kinds is None or s.kind in kinds) and s.source in arrays:
                 if s.source not in wholes:    # one host copy per array, however many shards
                     wholes[s.source] = _numpy(arrays[s.source])
-                out[s.name] = np.ascontiguousarray(wholes[s.source][_slices(s.box)])
+                out[s.name] = np.ascontiguousarray(wholes[s.source][s.slices])
         return out
 
     def merge_arrays(self, shards: Mapping[str, Any], kinds: Sequence[str] | None = None
@@ -136,7 +136,7 @@ class PartitionedSymbol:
             if s.source not in out:
                 shape = self.graph.node(s.source).outputs[0].shape
                 out[s.source] = np.zeros(shape, dtype=s.dtype)
-            out[s.source][_slices(s.box)] = _numpy(shards[s.name])
+            out[s.source][s.slices] = _numpy(shards[s.name])
         return out
 
     def split_params(self, arg_params: Mapping[str, Any], aux_params: Mapping[str, Any] | None = None
@@ -295,10 +295,6 @@ class PartitionedSymbol:
 
 def _numpy(value: Any) -> np.ndarray:
     return value.asnumpy() if isinstance(value, mx.nd.NDArray) else np.asarray(value)
-
-
-def _slices(box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi + 1) for lo, hi in box)
 
 
 def _check_operators(graph: Graph, plan: Plan, k: int, strict: bool) -> None:
