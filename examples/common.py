@@ -29,7 +29,7 @@ from mxnet import autograd, gluon  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import tofu_mx.gluon as tg  # noqa: E402
-from tofu_mx.devices import parse_devices  # noqa: E402
+from tofu_mx.devices import check_available, parse_devices  # noqa: E402
 from tofu_mx.files import atomic_write  # noqa: E402
 from tofu_mx.summary import format_bytes, parse_bytes  # noqa: E402
 
@@ -392,19 +392,6 @@ def resume(args, blob: dict, pnet, trainer, refs: list[Reference]) -> tuple[int,
 
 
 # --- training ------------------------------------------------------------------------------
-def check_available(contexts: Sequence[mx.Context]) -> None:
-    """GPUs asked for must exist (MXNet's own error comes at binding, pages long)."""
-    gpus = [c.device_id for c in contexts if c.device_type == "gpu"]
-    if gpus:
-        have = mx.context.num_gpus()
-        if max(gpus) >= have:
-            raise ExampleError(f"--devices asks for gpu({max(gpus)}) but MXNet sees {have} GPUs "
-                               f"(mxnet {mx.__version__}, CUDA "
-                               f"{'on' if mx.runtime.Features().is_enabled('CUDA') else 'off'}); "
-                               f"install mxnet-cu112 (pip install -e '.[gpu]') on a machine with "
-                               f"GPUs, or use --devices cpu:K")
-
-
 def train(args, task: Task) -> int:
     check_available(args.devices)
     config = run_config(args, task)

@@ -47,6 +47,19 @@ def parse_devices(text: str) -> list[mx.Context]:
     return [mx.Context(kind, i) for i in ids]
 
 
+def check_available(contexts: Sequence[mx.Context]) -> None:
+    """Raise :class:`ContextError` if a GPU in ``contexts`` is one MXNet cannot see (MXNet's
+    own error comes only at binding, pages long). Planning needs no devices; binding does."""
+    missing = [c for c in contexts if c.device_type == "gpu"
+               and c.device_id >= mx.context.num_gpus()]
+    if missing:
+        raise ContextError(
+            f"cannot bind on {', '.join(map(str, missing))}: MXNet sees "
+            f"{mx.context.num_gpus()} GPU(s) (a CPU build of MXNet sees none). Install "
+            f"mxnet-cu112 (pip install .[gpu]) on a machine with the GPUs, or use "
+            f"mx.cpu(i) devices")
+
+
 def check_contexts(ctx: Any) -> list[mx.Context]:
     """A non-empty list of distinct ``mx.Context``; a single Context is a list of one."""
     if isinstance(ctx, mx.Context):

@@ -16,9 +16,10 @@ from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.importer import check_symbol, import_symbol
 from nnvm_passes.ir import Graph
 from nnvm_passes.rewrite import RewriteResult, VarShard, rewrite
-from tofu_mx.devices import check_contexts, group_name, warn_if_mkldnn_across_cpus
-from tofu_mx.errors import (CheckpointError, ContextError, InvalidArgumentError,
-                            NoFeasiblePlanError, TofuError, UnsupportedOperatorError)
+from tofu_mx.devices import (check_available, check_contexts, group_name,
+                             warn_if_mkldnn_across_cpus)
+from tofu_mx.errors import (CheckpointError, InvalidArgumentError, NoFeasiblePlanError,
+                            TofuError, UnsupportedOperatorError)
 from tofu_mx.files import atomic_write
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.search.cut import needs_grad_of
@@ -97,14 +98,7 @@ class PartitionedSymbol:
         shapes.update(kwargs.pop("shapes", {}))
         types = {s.name: s.dtype for s in self._arg_shards()}
         warn_if_mkldnn_across_cpus(self.contexts)
-        missing = [c for c in self.contexts if c.device_type == "gpu"
-                   and c.device_id >= mx.context.num_gpus()]
-        if missing:
-            raise ContextError(
-                f"cannot bind on {', '.join(map(str, missing))}: MXNet sees "
-                f"{mx.context.num_gpus()} GPU(s) (a CPU build of MXNet sees none). Install "
-                f"mxnet-cu112 (pip install .[gpu]) on a machine with the GPUs, or use "
-                f"mx.cpu(i) devices")
+        check_available(self.contexts)
         exe = self.symbol.simple_bind(ctx=self.contexts[0], grad_req=grad_req,
                                       type_dict=types, group2ctx=self.group2ctx,
                                       **shapes, **kwargs)
