@@ -6,19 +6,18 @@ the baselines, DP state width on the model zoo.
 
 Prints markdown tables and writes them to bench/out/search.md (the run quoted in README is
 kept in bench/results/search.md). Timings are wall-clock seconds
-of plan_graph() (import excluded), measured here, one run each; each paper model is planned
-in a fresh process. Batches are 48, so that
+of plan_graph() (import excluded), measured here, one run each; every model is planned in
+this one process, whose peak resident size is printed at the end. Batches are 48, so that
 every device count tried (2, 3, 4, 6, 8) divides them.
 """
 import argparse
-import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import tofu_mx  # noqa: E402,F401  (sets MXNet's environment before MXNet is imported)
 import mxnet as mx  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -59,17 +58,17 @@ def table(header, rows):
     return "\n".join(lines)
 
 
-def isolated(fn, *args):
-    """``fn(*args)`` in a fresh process: memory MXNet and the allocator keep after planning
-    one paper-size model (a few hundred MB each, not returned) would otherwise add up over the
-    sweep past this machine's 24 GiB."""
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-        return pool.submit(fn, *args).result()
+def peak_resident() -> str:
+    """The process's peak resident size (Linux), for the record that the sweep stays bounded."""
+    try:
+        with open("/proc/self/status") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return "unknown"
+    return format_bytes(kib * 1024)
 
 
-def paper_model_rows(quick, i):
-    name, sym, shapes = list(paper_models(quick))[i]
+def paper_model_rows(name, sym, shapes):
     graph = import_symbol(sym, **shapes)
     rows, base_rows = [], []
     for k in DEVICES:
@@ -88,8 +87,7 @@ def paper_model_rows(quick, i):
     return rows, base_rows
 
 
-def gap_rows_of(quick, i):
-    name, sym, shapes = list(paper_models(quick))[i]
+def gap_rows_of(name, sym, shapes):
     graph = import_symbol(sym, **shapes)
     rows = []
     for parts in (2, 3):
@@ -111,8 +109,8 @@ def main():
     # 1. paper models: time, bytes, and the baselines, at every k
     configs = list(paper_models(args.quick))
     rows, base_rows = [], []
-    for i in tqdm(range(len(configs)), desc="paper models"):
-        found, bases = isolated(paper_model_rows, args.quick, i)
+    for config in tqdm(configs, desc="paper models"):
+        found, bases = paper_model_rows(*config)
         rows += found
         base_rows += bases
     out.append("### Search time and bytes per training step\n\n" + table(
@@ -124,8 +122,8 @@ def main():
 
     # 2. optimality gap: the DP against CBC on the first cut's problem
     gap_rows = []
-    for i in tqdm(range(len(configs)), desc="gap vs ILP"):
-        gap_rows += isolated(gap_rows_of, args.quick, i)
+    for config in tqdm(configs, desc="gap vs ILP"):
+        gap_rows += gap_rows_of(*config)
     out.append("### Optimality gap of the DP (first cut, CBC with a 60 s limit)\n\n" + table(
         ["model", "parts", "search nodes", "DP bytes", "ILP status", "ILP s", "gap"], gap_rows))
     print(out[-1], flush=True)
@@ -160,6 +158,8 @@ def main():
         ["net", "operators", "search nodes", "largest frontier", "largest state"], zoo_rows))
     print(out[-1], flush=True)
 
+    out.append(f"Peak resident size of this run, every model in one process: {peak_resident()}")
+    print(out[-1], flush=True)
     os.makedirs(os.path.join(os.path.dirname(__file__), "out"), exist_ok=True)
     with open(os.path.join(os.path.dirname(__file__), "out", "search.md"), "w") as f:
         f.write("\n\n".join(out) + "\n")

@@ -18,6 +18,7 @@ its output's gradient, wherever MXNet happened to place that.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -46,9 +47,13 @@ def _gradient(node: Node, graph: Graph) -> _Gradient:
     attrs = tuple(sorted((k, str(v)) for k, v in node.attrs.items() if not k.startswith("__")))
     shapes, dtypes = tuple(i.shape for i in infos), tuple(i.dtype for i in infos)
     key = (node.op, attrs, tuple(len(s) for s in shapes), dtypes, len(node.outputs))
-    if key not in _CACHE:
-        _CACHE[key] = _derive(node.op, attrs, shapes, dtypes, len(node.outputs))
-    return _CACHE[key]
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    found = _CACHE[key] = _derive(node.op, attrs, shapes, dtypes, len(node.outputs))
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return found
 
 
 def backward_reads(node: Node, graph: Graph) -> tuple[frozenset[int], frozenset[int]]:
@@ -64,7 +69,10 @@ def passes_gradient_through(node: Node, graph: Graph) -> bool:
     return _gradient(node, graph).passes_through
 
 
-_CACHE: dict[tuple, _Gradient] = {}
+#: gradient structures derived, by operator, attributes, input ranks, dtypes and output count
+#: (the structure does not depend on sizes); the least recently used is dropped past the size
+_CACHE: OrderedDict[tuple, _Gradient] = OrderedDict()
+_CACHE_SIZE = 1 << 12
 
 
 def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int) -> _Gradient:
@@ -82,13 +90,9 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int)
     shapes = _small_shapes(op, attrs, n_outputs, shapes, types)
     if shapes is None:   # too big to bind and no smaller batch fits: an upper bound
         return everything
-    try:
-        exe = sym.simple_bind(mx.cpu(), grad_req=req, type_dict=types,
-                              **{f"in{i}": s for i, s in enumerate(shapes)})
-    except (mx.base.MXNetError, RuntimeError):     # simple_bind re-raises as RuntimeError
-        # cannot bind it alone: assume the gradient reads everything (an upper bound)
+    text = _gradient_graph_text(sym, dict(zip(types, shapes)), types, req)
+    if text is None:     # cannot bind it alone: the gradient reads everything (an upper bound)
         return everything
-    text = exe.debug_str()
     # the executor's outputs: the forward outputs, then one gradient per floating input,
     # each made by a node MXNet names after the operator ("op_backward", ...) unless the
     # head gradient itself is handed on (maybe through an unnamed copy)
@@ -116,8 +120,44 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int)
     return _Gradient(frozenset(ins), frozenset(outs), passes)
 
 
-#: largest input bytes bound as they are, and with the batch cut to 1 (binding zero-fills its
-#: arrays and their gradients; weights cannot be cut)
+def _gradient_graph_text(sym: mx.sym.Symbol, shapes: dict, types: dict, req: dict) -> str | None:
+    """``Executor.debug_str()`` of ``sym`` bound on the CPU with a gradient for each input
+    ``req`` marks "write"; None when MXNet cannot bind it.
+
+    Every array is ``nd.empty``: its pages are never touched, so binding costs address space,
+    not memory. ``simple_bind`` zero-fills its arrays on MXNet's engine threads after it
+    returns, which holds their bytes (gigabytes for one WResNet's operators) until the engine
+    drains; it is used only where MXNet refuses a dense gradient array (a sparse gradient:
+    Embedding with ``sparse_grad``), and then waited for."""
+    try:
+        return _bind_unfilled(sym, shapes, types, req).debug_str()
+    except (mx.base.MXNetError, RuntimeError):
+        pass
+    try:
+        text = sym.simple_bind(mx.cpu(), grad_req=req, type_dict=types, **shapes).debug_str()
+    except (mx.base.MXNetError, RuntimeError):     # simple_bind re-raises as RuntimeError
+        return None
+    mx.nd.waitall()      # the executor is gone: its arrays' fills, then their frees, run now
+    return text
+
+
+def _bind_unfilled(sym: mx.sym.Symbol, shapes: dict, types: dict,
+                   req: dict) -> mx.executor.Executor:
+    arg_shapes, _, aux_shapes = sym.infer_shape(**shapes)
+    arg_types, _, aux_types = sym.infer_type(**types)
+    if arg_shapes is None or arg_types is None:
+        raise mx.base.MXNetError(f"cannot infer the shapes or dtypes from {shapes}, {types}")
+    names = sym.list_arguments()
+    args = {n: mx.nd.empty(s, dtype=t) for n, s, t in zip(names, arg_shapes, arg_types)}
+    grads = {n: mx.nd.empty(s, dtype=t) for n, s, t in zip(names, arg_shapes, arg_types)
+             if req.get(n) == "write"}
+    aux = [mx.nd.empty(s, dtype=t) for s, t in zip(aux_shapes, aux_types)]
+    return sym.bind(mx.cpu(), args, args_grad=grads,
+                    grad_req={n: req.get(n, "null") for n in names}, aux_states=aux)
+
+
+#: largest input bytes bound as they are, and with the batch cut to 1 (binding reserves address
+#: space for the arrays, their gradients and the executor's buffers; weights cannot be cut)
 _BIND_LIMIT, _SMALL_LIMIT = 256 << 20, 2 << 30
 
 

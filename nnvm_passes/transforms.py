@@ -7,6 +7,7 @@ from typing import Callable
 import mxnet as mx
 import numpy as np
 
+from nnvm_passes.importer import symbol_json
 from nnvm_passes.ir import FrozenDict, Graph, is_hidden_attr
 from tofu_mx.errors import TofuError
 
@@ -49,7 +50,7 @@ def cast_floats(symbol: mx.sym.Symbol, dtype: str) -> tuple[mx.sym.Symbol, dict[
     """
     from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
     code = str(_DTYPE_NP_TO_MX[np.dtype(dtype).type])
-    js = json.loads(symbol.tojson())
+    js = json.loads(symbol_json(symbol))
     kept: dict[str, str] = {}
     for node in js["nodes"]:
         attrs = node.get("attrs", {})

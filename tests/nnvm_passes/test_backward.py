@@ -102,3 +102,37 @@ def test_inputs_too_big_to_bind_are_bound_with_a_batch_of_one():
     assert _small_shapes("Convolution", attrs, 1, huge, types) is None
     bad = ((48, 64, 224, 224), (4, 32, 3, 3), (4,))          # MXNet refuses the shapes
     assert _small_shapes("Convolution", attrs, 1, bad, types) is None
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+def test_an_embedding_reads_its_indices_whatever_its_gradient_storage(sparse_grad):
+    """With ``sparse_grad`` MXNet refuses a dense gradient array for the weight: the probe
+    falls back to ``simple_bind`` and reads the same as without it, not the upper bound."""
+    emb = mx.sym.Embedding(mx.sym.var("data"), input_dim=100, output_dim=8,
+                           sparse_grad=sparse_grad, name="emb")
+    g = import_symbol(mx.sym.make_loss(mx.sym.sum(emb), name="loss"), data=(4, 5))
+    assert backward_reads(g.node("emb"), g) == (frozenset({0}), frozenset())
+
+
+def test_the_probe_binds_without_touching_its_arrays():
+    """Probing a convolution over a 128 MiB input costs address space, not memory: its
+    arrays and their gradients (258 MiB, which ``simple_bind`` zero-fills) are never
+    touched, so the peak resident size hardly moves."""
+    from nnvm_passes.backward import _derive
+
+    def status_mib(field):
+        with open("/proc/self/status") as f:
+            return next(int(row.split()[1]) / 1024 for row in f if row.startswith(field + ":"))
+    try:
+        mx.nd.waitall()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                  # resets VmHWM, the peak, to the resident size now
+    except OSError:
+        pytest.skip("needs Linux's /proc/self/clear_refs")
+    before = status_mib("VmHWM")
+    shapes = ((1, 512, 256, 256), (512, 512, 1, 1))
+    found = _derive("Convolution", (("kernel", "(1, 1)"), ("no_bias", "True"),
+                                    ("num_filter", "512")), shapes, ("float32", "float32"), 1)
+    mx.nd.waitall()
+    assert found.inputs == frozenset({0, 1})
+    assert status_mib("VmHWM") - before < 64
