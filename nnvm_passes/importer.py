@@ -6,12 +6,15 @@ included), so that each entry of the IR carries its shape and dtype.
 """
 from __future__ import annotations
 
+import ctypes
 import difflib
 import json
+import math
 from typing import Any, Callable, Mapping, Sequence
 
 import mxnet as mx
 import numpy as np
+from mxnet.base import _LIB, SymbolHandle, check_call
 
 from nnvm_passes.ir import (Entry, FrozenDict, Graph, Node, TensorInfo, is_hidden_attr,
                             parse_attr_value)
@@ -37,6 +40,15 @@ def check_symbol(symbol: Any, what: str = "symbol") -> mx.sym.Symbol:
     return symbol
 
 
+def symbol_json(symbol: mx.sym.Symbol) -> str:
+    """``symbol.tojson()``, without its leak: MXNet 1.9.1's ``tojson()`` saves a copy of the
+    graph with its ``amp_cast`` nodes removed and never frees that copy (apache/mxnet#19574),
+    about 2.3 times the JSON's size per call. Here a Symbol owns the copy and frees it."""
+    handle = SymbolHandle()
+    check_call(_LIB.MXSymbolRemoveAmpCast(symbol.handle, ctypes.byref(handle)))
+    return mx.sym.Symbol(handle).tojson(remove_amp_cast=False)
+
+
 def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
@@ -49,7 +61,63 @@ def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
         raise InvalidArgumentError(
             f"shape of input {name!r} must be a non-empty tuple of positive ints, got {shape!r}; "
             f"e.g. {name}=(32, 3, 224, 224)")
-    return tuple(int(d) for d in dims)
+    dims = tuple(int(d) for d in dims)
+    if max(dims) > 2 ** 31 - 1 and not mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE"):
+        raise InvalidArgumentError(
+            f"shape of input {name!r} {dims} has a dimension over 2**31 - 1, which this MXNet "
+            f"build cannot take (no INT64_TENSOR_SIZE); give a smaller shape")
+    if math.prod(dims) >= 2 ** 63:
+        raise InvalidArgumentError(
+            f"shape of input {name!r} {dims} has {math.prod(dims):.3g} elements, more than MXNet "
+            f"can count (2**63); give a smaller shape")
+    return dims
+
+
+#: the dtypes MXNet 1.9.1's operators take
+MXNET_DTYPES = ("float16", "float32", "float64", "uint8", "int8", "int32", "int64", "bool")
+
+
+def _check_dtypes(dtypes: Any) -> dict[str, str]:
+    if dtypes is None:
+        return {}
+    if not isinstance(dtypes, Mapping):
+        raise InvalidArgumentError(f"dtypes must be a dict of input name -> dtype, got "
+                                   f"{type(dtypes).__name__} {dtypes!r}; e.g. "
+                                   f"dtypes={{'data': 'float64'}}")
+    out = {}
+    for name, dtype in dtypes.items():
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"dtypes must be keyed by input names (str), got key "
+                                       f"{name!r}; e.g. dtypes={{'data': 'float64'}}")
+        try:
+            out[name] = np.dtype(dtype).name
+        except TypeError:
+            out[name] = None
+        if out[name] not in MXNET_DTYPES:
+            raise InvalidArgumentError(f"dtypes[{name!r}] is {dtype!r}, which MXNet does not "
+                                       f"compute in; use one of {', '.join(MXNET_DTYPES)}")
+    return out
+
+
+def _check_given_shapes(symbol: mx.sym.Symbol, shapes: Mapping[str, tuple[int, ...]],
+                        arg_names: list[str], aux_names: list[str]) -> None:
+    """MXNet takes a given auxiliary-state shape that contradicts the graph without a word
+    (it infers the aux state from the operator): refuse it."""
+    given_aux = {k: v for k, v in shapes.items() if k in aux_names}
+    if not given_aux:
+        return
+    others = {k: v for k, v in shapes.items() if k not in aux_names}
+    try:
+        _, _, aux_shapes = symbol.infer_shape_partial(**others)
+    except mx.base.MXNetError:
+        return      # reported by the full inference
+    for name, shape in given_aux.items():
+        inferred = aux_shapes[aux_names.index(name)]
+        if not _unknown(inferred) and tuple(inferred) != shape:
+            raise ShapeInferenceError(
+                f"the shape given for {name!r}, {shape}, contradicts the graph, which needs "
+                f"{tuple(inferred)} from {_fmt(others)}; give {name}={tuple(inferred)} or leave "
+                f"it out")
 
 
 def _check_names(given: Mapping[str, Any], inputs: list[str], what: str) -> None:
@@ -150,6 +218,28 @@ def _classify(js: dict, aux: set[str], data_names: set[str],
     return kinds
 
 
+def _data_inputs(symbol: mx.sym.Symbol, shapes: Mapping[str, tuple[int, ...]],
+                 arg_names: list[str]) -> list[str]:
+    """The inputs whose shapes are given and that MXNet cannot infer from the other given
+    shapes: the data. A shape given for a weight (``fc_weight=(8, 6)``), which MXNet infers
+    from the data's, leaves it a parameter. If every given shape follows from the others
+    (``a * b`` with both given), all of them are data."""
+    if len(shapes) < 2:
+        return list(shapes)
+    data = []
+    for name in shapes:
+        others = {k: v for k, v in shapes.items() if k != name}
+        try:
+            inferred = symbol.infer_shape_partial(**others)[0]
+        except mx.base.MXNetError:
+            inferred = None     # the others alone contradict: the given shape is needed
+        known = inferred is not None and name in arg_names and \
+            not _unknown(inferred[arg_names.index(name)])
+        if not known:
+            data.append(name)
+    return data or list(shapes)
+
+
 def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = None,
                   data_names: list[str] | None = None, label_inputs: LabelInputs | None = None,
                   **shapes: Any) -> Graph:
@@ -158,27 +248,38 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
     ``shapes`` use ``simple_bind``'s keyword form (``data=(32, 3, 224, 224)``); ``dtypes``
     maps input names to dtypes (float32 where not given). Variables are classified as
     ``aux`` (auxiliary states), ``label`` (read where ``label_inputs(op, attrs)`` says an
-    operator reads a label, or named ``*label``), ``data`` (named in ``data_names``; by default, every input whose shape is
-    given) and ``param`` (everything else). The caller's symbol is not modified.
+    operator reads a label, or named ``*label``), ``data`` (named in ``data_names``; by
+    default, every input whose shape is given and cannot be inferred from the other given
+    shapes: see :func:`_data_inputs`) and ``param`` (everything else). The caller's symbol is not modified.
     """
     check_symbol(symbol)
-    js = json.loads(symbol.tojson())
+    js = json.loads(symbol_json(symbol))
+    first: dict[str, int] = {}
+    for i, node in enumerate(js["nodes"]):
+        if first.setdefault(node["name"], i) != i:
+            raise InvalidArgumentError(
+                f"the symbol has two nodes named {node['name']!r} (nodes {first[node['name']]} "
+                f"and {i}); MXNet binds variables and tofu_mx places operators by name: give "
+                f"each node its own name")
     arg_names = symbol.list_arguments()
     aux_names = symbol.list_auxiliary_states()
     inputs = arg_names + aux_names
+    dtypes = _check_dtypes(dtypes)
     _check_names(shapes, inputs, "shape")
-    _check_names(dict(dtypes or {}), inputs, "dtype")
+    _check_names(dtypes, inputs, "dtype")
     shapes = {k: _check_shape(k, v) for k, v in shapes.items()}
+    _check_given_shapes(symbol, shapes, arg_names, aux_names)
     if data_names is not None:
         _check_names(dict.fromkeys(data_names), inputs, "data name")
     type_dict = {k: "float32" for k in shapes}
-    type_dict.update({k: np.dtype(v).name for k, v in (dtypes or {}).items()})
+    type_dict.update(dtypes)
 
     everything = all_entries_symbol(js)
     out_shapes = _infer_shapes(everything, shapes, arg_names, aux_names)
     out_types = _infer_dtypes(everything, type_dict)
-    kinds = _classify(js, set(aux_names), set(shapes if data_names is None else data_names),
-                      label_inputs)
+    if data_names is None:
+        data_names = _data_inputs(symbol, shapes, arg_names)
+    kinds = _classify(js, set(aux_names), set(data_names), label_inputs)
 
     nodes, row = [], 0
     row_ptr = js["node_row_ptr"]

@@ -4,6 +4,7 @@ Every message says what went wrong, the values involved, and what to do about it
 Subclasses also derive from the matching built-in (``ValueError``, ``TypeError``) so that
 generic handlers keep working.
 """
+import re
 
 
 class TofuError(Exception):
@@ -60,3 +61,16 @@ class UnsupportedOperatorError(TofuError):
 
 class CheckpointError(InvalidArgumentError):
     """A parameter file or dict does not match the symbol (missing, extra, misshaped)."""
+
+
+def mxnet_message(error: BaseException) -> str:
+    """The line of an MXNet error that says what failed, without MXNet's traceback frames,
+    timestamps and source positions."""
+    for line in str(error).splitlines():
+        line = line.strip()
+        if not line or line.startswith(("Traceback (most recent", 'File "', "[bt]",
+                                        "Stack trace")):
+            continue
+        line = re.sub(r"^(mxnet\.base\.)?MXNetError: ", "", line)
+        return re.sub(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ", "", line).rstrip(": ")
+    return type(error).__name__

@@ -57,8 +57,20 @@ def test_label_found_through_the_loss_op_whatever_its_name():
 def test_data_names_override_which_inputs_are_data():
     g = import_symbol(small_net(), data=(2, 3, 5, 5), fc_weight=(3, 100), data_names=["data"])
     assert g.node("fc_weight").kind == "param"
-    g = import_symbol(small_net(), data=(2, 3, 5, 5), fc_weight=(3, 100))
+    g = import_symbol(small_net(), data=(2, 3, 5, 5), fc_weight=(3, 100),
+                      data_names=["data", "fc_weight"])
     assert g.node("fc_weight").kind == "data"
+
+
+def test_a_shape_given_for_a_weight_leaves_it_a_parameter():
+    """MXNet infers fc_weight's shape from data's, so giving it does not make it data (a
+    checkpoint would lose it); data, which nothing else determines, stays data. When every
+    given shape follows from the others (a * b), all are data."""
+    g = import_symbol(small_net(), data=(2, 3, 5, 5), fc_weight=(3, 100))
+    assert g.node("fc_weight").kind == "param" and g.node("data").kind == "data"
+    a, b = mx.sym.var("a"), mx.sym.var("b")
+    g = import_symbol(mx.sym.MakeLoss(mx.sym.sum(a * b)), a=(2, 3), b=(2, 3))
+    assert g.node("a").kind == "data" and g.node("b").kind == "data"
 
 
 def test_dtypes_propagate():

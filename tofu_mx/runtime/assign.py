@@ -25,7 +25,7 @@ from typing import Sequence
 
 import tofu_mx.ops  # noqa: F401  (registers the built-in descriptions)
 from nnvm_passes.ir import FrozenDict, Graph
-from tofu_mx.errors import TofuError
+from tofu_mx.errors import InvalidArgumentError, TofuError
 from tofu_mx.search.plan import Plan
 from tofu_mx.tdl.analysis import pad_values, work_regions
 from tofu_mx.tdl.annotate import described
@@ -191,6 +191,11 @@ def _described_share(node, entry: Description, traced, pads, levels, factors,
         if verb == "replicate":
             key.append(q)
             continue
+        if var not in ranges:
+            raise InvalidArgumentError(
+                f"the plan has {node.name!r} ({node.op}) {verb} {var!r}, which its description "
+                f"does not have (its loop variables: {', '.join(ranges)}); make the plan with "
+                f"tofu_mx.plan() for this graph")
         lo, hi = ranges[var]
         if (hi - lo + 1) % p:
             raise TofuError(f"{p} does not divide the range {lo}..{hi} of {var!r}")

@@ -16,14 +16,16 @@ from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.importer import check_symbol, import_symbol
 from nnvm_passes.ir import Graph
 from nnvm_passes.rewrite import RewriteResult, VarShard, rewrite
+from tofu_mx import arguments
 from tofu_mx.devices import (check_available, check_contexts, group_name,
                              warn_if_mkldnn_across_cpus)
 from tofu_mx.errors import (CheckpointError, InvalidArgumentError, NoFeasiblePlanError,
-                            TofuError, UnsupportedOperatorError)
-from tofu_mx.files import atomic_write
+                            TofuError, UnsupportedOperatorError, mxnet_message)
+from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.search.cut import needs_grad_of
-from tofu_mx.search.plan import Plan, SearchOptions, budgets_of, plan_graph
+from tofu_mx.search.plan import (Plan, SearchOptions, budgets_of, check_device_count,
+                                 check_plan, plan_graph)
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph
 from tofu_mx.tdl.registry import lookup, registry_key
@@ -79,7 +81,7 @@ class PartitionedSymbol:
         """The partitioned symbol imported with the shards' shapes, dtypes and kinds (the
         import alone would call every shaped variable data)."""
         graph = import_symbol(self.symbol, dtypes={s.name: s.dtype for s in self.shards},
-                              **self.shard_shapes)
+                              data_names=[], **self.shard_shapes)
         kinds = {s.name: s.kind for s in self.shards}
         return graph.replace(nodes=tuple(n.replace(kind=kinds[n.name]) if n.is_variable else n
                                          for n in graph.nodes))
@@ -99,6 +101,7 @@ class PartitionedSymbol:
         types = {s.name: s.dtype for s in self._arg_shards()}
         warn_if_mkldnn_across_cpus(self.contexts)
         check_available(self.contexts)
+        arguments.check_tensor_sizes(self.shard_graph, "bind the partitioned graph")
         exe = self.symbol.simple_bind(ctx=self.contexts[0], grad_req=grad_req,
                                       type_dict=types, group2ctx=self.group2ctx,
                                       **shapes, **kwargs)
@@ -122,22 +125,44 @@ class PartitionedSymbol:
 
     def merge_arrays(self, shards: Mapping[str, Any], kinds: Sequence[str] | None = None
                      ) -> dict[str, np.ndarray]:
-        """Shard arrays (by shard name) -> whole arrays (NumPy, by original name)."""
+        """Shard arrays (by shard name) -> whole arrays (NumPy, by original name). Every
+        shard of an array given must be there, with its shape; else :class:`CheckpointError`."""
+        shards = arguments.mapping(shards, "shards", "{'fc_weight@dev0': array, ...}")
         out: dict[str, np.ndarray] = {}
-        for s in self.shards:
-            if (kinds is not None and s.kind not in kinds) or s.name not in shards:
+        wanted = [s for s in self.shards if kinds is None or s.kind in kinds]
+        known = {s.name for s in self.shards}      # shards of other kinds are left out
+        unknown = [n for n in shards if n not in known]
+        if unknown:
+            wholes = [n for n in unknown if any(s.source == n for s in self.shards)]
+            hint = (f"; {wholes[0]!r} is a whole array: merge takes shards "
+                    f"({wholes[0]}@dev0, ...), split_params takes whole arrays") if wholes else ""
+            raise CheckpointError(f"{', '.join(map(repr, unknown[:5]))} are not shards of this "
+                                  f"partition{hint}. Give arrays named as in "
+                                  f"PartitionedSymbol.shards")
+        sources = {s.source for s in wanted if s.name in shards}
+        missing = [s.name for s in wanted if s.source in sources and s.name not in shards]
+        if missing:
+            raise CheckpointError(f"shards {missing[:5]} are missing: each array needs all its "
+                                  f"shards to be merged (give every shard in "
+                                  f"PartitionedSymbol.shards of the arrays you merge)")
+        for s in wanted:
+            if s.name not in shards:
                 continue
+            value = arguments.numeric_array(shards[s.name], f"shard {s.name!r}")
+            if value.shape != s.shape:
+                raise CheckpointError(f"shard {s.name!r} has shape {value.shape}, the partition "
+                                      f"stores {s.shape}; give the shard arrays this partition "
+                                      f"made")
             if s.source not in out:
                 shape = self.graph.node(s.source).outputs[0].shape
                 out[s.source] = np.zeros(shape, dtype=s.dtype)
-            out[s.source][s.slices] = _numpy(shards[s.name])
+            out[s.source][s.slices] = value
         return out
 
     def split_params(self, arg_params: Mapping[str, Any], aux_params: Mapping[str, Any] | None = None
                      ) -> tuple[dict[str, mx.nd.NDArray], dict[str, mx.nd.NDArray]]:
         """Whole parameters (original names) -> shards, each on its device."""
-        arg_params, aux_params = dict(arg_params), dict(aux_params or {})
-        self._check_params(arg_params, aux_params, "split_params")
+        arg_params, aux_params = self._checked_params(arg_params, aux_params, "split_params")
         args = self.split_arrays(arg_params, ("param",))
         aux = self.split_arrays(aux_params, ("aux",))
         by_name = {s.name: s for s in self.shards}
@@ -148,9 +173,22 @@ class PartitionedSymbol:
 
     def merge_params(self, arg_shards: Mapping[str, Any], aux_shards: Mapping[str, Any] | None = None
                      ) -> tuple[dict[str, mx.nd.NDArray], dict[str, mx.nd.NDArray]]:
-        """Shards -> whole parameters with the original names (on ``mx.cpu()``)."""
-        args = self.merge_arrays(arg_shards, ("param",))
-        aux = self.merge_arrays(aux_shards or {}, ("aux",))
+        """Shards -> whole parameters with the original names (on ``mx.cpu()``). Every shard
+        of every parameter and auxiliary state must be given (:attr:`shards`, kinds ``param``
+        and ``aux``); else :class:`CheckpointError`."""
+        try:
+            args = self.merge_arrays(arg_shards, ("param",))
+            aux = self.merge_arrays(aux_shards or {}, ("aux",))
+        except CheckpointError:
+            raise
+        except InvalidArgumentError as e:
+            raise CheckpointError(f"merge_params: {e}") from e
+        names_args, names_aux = self.param_names()
+        missing = [n for n in names_args if n not in args] + [n for n in names_aux if n not in aux]
+        if missing:
+            raise CheckpointError(f"merge_params: no shards of {missing[:5]} were given; give "
+                                  f"every shard of the parameters and aux states (the bound "
+                                  f"executor's arg_dict and aux_dict, or PartitionedSymbol.shards)")
         return ({n: mx.nd.array(a, dtype=a.dtype) for n, a in args.items()},
                 {n: mx.nd.array(a, dtype=a.dtype) for n, a in aux.items()})
 
@@ -159,26 +197,46 @@ class PartitionedSymbol:
         return ([n.name for n in self.graph.variables("param")],
                 [n.name for n in self.graph.variables("aux")])
 
-    def _check_params(self, arg_params: Mapping, aux_params: Mapping, what: str) -> None:
+    def _checked_params(self, arg_params: Any, aux_params: Any, what: str
+                        ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The parameters as NumPy copies in the symbol's dtypes, after checking that they are
+        exactly the symbol's (names, shapes, numbers); else :class:`CheckpointError` and
+        nothing is used."""
         names_args, names_aux = self.param_names()
-        problems = []
+        problems, checked = [], []
         for kind, given, names in (("arg", arg_params, names_args), ("aux", aux_params, names_aux)):
+            try:
+                given = arguments.mapping(given, f"{kind}_params", "{'fc_weight': array, ...}")
+            except InvalidArgumentError as e:
+                raise CheckpointError(f"{what}: {e}") from e
             missing = [n for n in names if n not in given]
             extra = [n for n in given if n not in names]
             if missing:
                 problems.append(f"missing {kind} {missing[:5]}{' ...' if len(missing) > 5 else ''}")
             if extra:
-                problems.append(f"extra {kind} {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+                hint = " (shard names: give whole arrays)" if any("@dev" in n for n in extra) \
+                    else ""
+                problems.append(f"extra {kind} {extra[:5]}{' ...' if len(extra) > 5 else ''}"
+                                f"{hint}")
+            arrays = {}
             for n in names:
-                if n in given:
-                    want = self.graph.node(n).outputs[0].shape
-                    got = tuple(np.shape(given[n]))     # no host copy of an NDArray
-                    if got != want:
-                        problems.append(f"{kind} {n} has shape {got}, the symbol needs {want}")
+                if n not in given:
+                    continue
+                info = self.graph.node(n).outputs[0]
+                try:
+                    arrays[n] = arguments.numeric_array(given[n], f"{kind} {n!r}", info.dtype)
+                except InvalidArgumentError as e:
+                    problems.append(str(e).split(";")[0])
+                    continue
+                if arrays[n].shape != info.shape:
+                    problems.append(f"{kind} {n} has shape {arrays[n].shape}, the symbol needs "
+                                    f"{info.shape}")
+            checked.append(arrays)
         if problems:
             raise CheckpointError(f"{what}: the parameters do not match the symbol: "
                                   f"{'; '.join(problems)}. Give exactly the symbol's "
                                   f"parameters and auxiliary states, whole, by original name.")
+        return checked[0], checked[1]
 
     def _write(self, exe, args: Mapping[str, Any], aux: Mapping[str, Any]) -> None:
         for name, value in self.split_arrays(args, ("param",)).items():
@@ -188,14 +246,13 @@ class PartitionedSymbol:
 
     def set_params(self, arg_params: Mapping[str, Any], aux_params: Mapping[str, Any] | None = None
                    ) -> None:
-        """Whole parameters into the bound executor's shards (or kept until it is bound)."""
-        aux_params = dict(aux_params or {})
-        self._check_params(arg_params, aux_params, "set_params")
+        """Whole parameters into the bound executor's shards (or kept until it is bound).
+        All or nothing: every array is checked and converted before any shard is written."""
+        args, aux = self._checked_params(arg_params, aux_params or {}, "set_params")
         if self.executor is None:
-            self._pending = ({k: _numpy(v).copy() for k, v in arg_params.items()},
-                             {k: _numpy(v).copy() for k, v in aux_params.items()})
+            self._pending = (args, aux)
         else:
-            self._write(self.executor, arg_params, aux_params)
+            self._write(self.executor, args, aux)
 
     def get_params(self) -> tuple[dict[str, mx.nd.NDArray], dict[str, mx.nd.NDArray]]:
         """The bound executor's parameters, whole, with their original names."""
@@ -204,13 +261,16 @@ class PartitionedSymbol:
                 raise TofuError("no parameters yet: call simple_bind() or load_params() first")
             return ({k: mx.nd.array(v, dtype=v.dtype) for k, v in self._pending[0].items()},
                     {k: mx.nd.array(v, dtype=v.dtype) for k, v in self._pending[1].items()})
-        return self.merge_params(self.executor.arg_dict, self.executor.aux_dict)
+        exe = self.executor
+        return self.merge_params({s.name: exe.arg_dict[s.name] for s in self.shards
+                                  if s.kind == "param"}, exe.aux_dict)
 
     # --- checkpoints ------------------------------------------------------------------------
     def save_params(self, path: str) -> None:
         """Write the parameters as an ordinary MXNet ``.params`` file (``arg:<name>`` and
         ``aux:<name>`` keys, whole arrays): the unpartitioned symbol loads it as it is. The
         file is written atomically."""
+        path = check_writable(path, "the parameter file")
         args, aux = self.get_params()
         blob = {f"arg:{k}": v for k, v in args.items()}
         blob.update({f"aux:{k}": v for k, v in aux.items()})
@@ -219,14 +279,17 @@ class PartitionedSymbol:
     def load_params(self, path: str) -> None:
         """Read an ordinary ``.params`` file (saved at any device count, or by Module/Gluon
         export) into the shards. Nothing changes if the file does not match the symbol."""
+        path = arguments.input_file(path, "the parameter file", CheckpointError)
         try:
             blob = mx.nd.load(path)
         except mx.base.MXNetError as e:
             raise CheckpointError(f"cannot read {path!r} as an MXNet .params file: "
-                                  f"{str(e).splitlines()[0]}") from e
+                                  f"{mxnet_message(e)}; give a file written by "
+                                  f"save_params, Module.save_params or Gluon's export") from e
         if not isinstance(blob, dict):
-            raise CheckpointError(f"{path!r} holds an unnamed list of arrays; a .params file "
-                                  f"names each array arg:<name> or aux:<name>")
+            raise CheckpointError(f"{path!r} holds an unnamed list of arrays; give a .params "
+                                  f"file that names each array arg:<name> or aux:<name> (as "
+                                  f"save_params writes)")
         args, aux = {}, {}
         for key, value in blob.items():
             kind, _, name = key.partition(":")
@@ -329,11 +392,12 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     """
     symbol = check_symbol(symbol, "symbol")
     contexts = check_contexts(ctx)
-    options = options or SearchOptions()
-    if not isinstance(strict, bool):
-        raise InvalidArgumentError(f"strict must be True or False, got {strict!r}")
+    options = SearchOptions.of(options)
+    strict = arguments.flag(strict, "strict")
+    k = check_device_count(len(contexts))
+    if memory_budget is not None:
+        budgets_of(memory_budget, k)        # before the import, which may take a while
     graph = import_graph(symbol, dtypes=dtypes, **shapes)
-    k = len(contexts)
     if memory_budget is None:
         plan = plan_graph(graph, k, options=options)
         _check_operators(graph, plan, k, strict)
@@ -376,13 +440,25 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
                contexts: Sequence[mx.Context], ordered: bool = False) -> PartitionedSymbol:
     """The rewrite and check steps of :func:`partition`, for a plan made elsewhere.
     ``ordered``: with Tofu's control dependencies (see :func:`nnvm_passes.rewrite.rewrite`)."""
-    if plan.num_devices != len(contexts):
-        raise InvalidArgumentError(f"the plan is for {plan.num_devices} devices, ctx has "
-                                   f"{len(contexts)}")
+    symbol = check_symbol(symbol, "symbol")
+    contexts = check_contexts(contexts)
+    if not isinstance(graph, Graph):
+        raise InvalidArgumentError(f"graph must be the symbol imported with its shapes "
+                                   f"(tofu_mx.tdl.annotate.import_graph(symbol, **shapes)), got "
+                                   f"{type(graph).__name__}")
+    if not isinstance(plan, Plan):
+        raise InvalidArgumentError(f"plan must be a tofu_mx.Plan (tofu_mx.plan(), or "
+                                   f"Plan.from_json()), got {type(plan).__name__}")
+    names = symbol.list_arguments() + symbol.list_auxiliary_states()
+    if sorted(names) != sorted(n.name for n in graph.variables()):
+        raise InvalidArgumentError("graph is not the import of symbol (their inputs differ); "
+                                   "pass import_graph(symbol, **shapes)")
+    check_plan(plan, graph, len(contexts))
     assignment = assign(graph, plan)
     result = rewrite(graph, assignment, ordered)
     ptd = PartitionedSymbol(symbol, graph, plan, assignment, result, list(contexts))
     _check_rewrite(ptd)
+    arguments.check_tensor_sizes(ptd.shard_graph, f"partition over {len(contexts)} device(s)")
     whole = [f"{ptd.graph.nodes[i].name}: {why}" for i, why in assignment.fallbacks.items()]
     if whole:
         warnings.warn(f"{len(whole)} operator(s) run whole instead of split (see "

@@ -10,10 +10,12 @@ a tensor with no such axis is kept whole there, so no shape is ever split uneven
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
 import sys
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -21,6 +23,7 @@ import numpy as np
 
 from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.ir import Graph
+from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.cut import Cut, View, layout_name, needs_grad_of, next_view
 from tofu_mx.search.dp import Solution, solve_dp
@@ -40,6 +43,42 @@ class SearchOptions:
     progress: bool | None = None      # tqdm bar: None = on for big graphs when stderr is a tty
     memory_weight: float = 0.0        # cost of a byte of converted input kept for the backward
     #                                   pass, in bytes moved (0: fewest bytes moved, as Tofu)
+
+    def __post_init__(self):
+        set_ = object.__setattr__     # frozen: each field is stored in its checked form
+        set_(self, "tie", arguments.flag(self.tie, "SearchOptions.tie"))
+        set_(self, "try_factor_orders",
+             arguments.flag(self.try_factor_orders, "SearchOptions.try_factor_orders"))
+        set_(self, "max_states", arguments.count(self.max_states, "SearchOptions.max_states",
+                                                 minimum=1, example="max_states=4_000_000"))
+        set_(self, "optimizer_state", arguments.real(
+            self.optimizer_state, "SearchOptions.optimizer_state", minimum=0,
+            example="optimizer_state=1 for SGD with momentum, 2 for Adam"))
+        set_(self, "memory_weight", arguments.real(
+            self.memory_weight, "SearchOptions.memory_weight", minimum=0,
+            example="memory_weight=0 (fewest bytes moved) or 16 (less memory)"))
+        if self.progress is not None:
+            set_(self, "progress", arguments.flag(self.progress, "SearchOptions.progress"))
+
+    @staticmethod
+    def of(value: "SearchOptions | Mapping[str, Any] | None") -> "SearchOptions":
+        """``options=`` as given to plan()/partition(): None (the defaults), a SearchOptions,
+        or a dict of its fields."""
+        if value is None:
+            return SearchOptions()
+        if isinstance(value, SearchOptions):
+            return value
+        names = [f.name for f in dataclasses.fields(SearchOptions)]
+        if isinstance(value, Mapping):
+            unknown = [k for k in value if k not in names]
+            if unknown:
+                raise InvalidArgumentError(f"options has {', '.join(map(repr, unknown))}, which "
+                                           f"SearchOptions does not; use one of its fields: "
+                                           f"{', '.join(names)}")
+            return SearchOptions(**value)
+        raise InvalidArgumentError(f"options must be a tofu_mx.SearchOptions or a dict of its "
+                                   f"fields ({', '.join(names)}), got {type(value).__name__}; "
+                                   f"e.g. options=SearchOptions(memory_weight=16)")
 
 
 @dataclass(frozen=True)
@@ -105,6 +144,7 @@ class Plan:
     memory: tuple[Memory, ...]            # one per device
     opaque: tuple[str, ...]               # "name (op): reason" of ops without a description
     coarsening: Mapping[str, int] = field(default_factory=dict)
+    fingerprint: str = ""                 # graph_fingerprint() of the graph it was made for
 
     @property
     def total_bytes(self) -> float:
@@ -121,15 +161,42 @@ class Plan:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
     @staticmethod
-    def from_json(text: str) -> "Plan":
-        d = json.loads(text)
-        return Plan(d["num_devices"], tuple(d["factors"]),
-                    tuple(Level(**x) for x in d["levels"]),
-                    tuple(TensorPlan(x["name"], x["kind"], tuple(x["shape"]), x["dtype"],
-                                     tuple(x["layouts"]), tuple(x["shard"])) for x in d["tensors"]),
-                    tuple(OpPlan(x["name"], x["op"], tuple(x["strategies"])) for x in d["ops"]),
-                    tuple(Memory(**x) for x in d["memory"]), tuple(d["opaque"]),
-                    dict(d["coarsening"]))
+    def from_json(text: str | bytes) -> "Plan":
+        """The plan :meth:`to_json` wrote. Raises :class:`tofu_mx.InvalidArgumentError` if
+        ``text`` is not such a plan (checked against the graph later, by ``check_plan``)."""
+        try:
+            d = json.loads(text)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"cannot read the plan: not JSON ({e}); give the text "
+                                       f"Plan.to_json() wrote (tofu-mx plan --json)") from e
+        if not isinstance(d, dict):
+            raise InvalidArgumentError(f"the plan's JSON must be an object, got "
+                                       f"{type(d).__name__}; give the text Plan.to_json() wrote "
+                                       f"(tofu-mx plan --json)")
+        readers = {
+            "num_devices": lambda x: x, "factors": tuple,
+            "levels": lambda xs: tuple(Level(**x) for x in xs),
+            "tensors": lambda xs: tuple(TensorPlan(x["name"], x["kind"], tuple(x["shape"]),
+                                                   x["dtype"], tuple(x["layouts"]),
+                                                   tuple(x["shard"])) for x in xs),
+            "ops": lambda xs: tuple(OpPlan(x["name"], x["op"], tuple(x["strategies"]))
+                                    for x in xs),
+            "memory": lambda xs: tuple(Memory(**x) for x in xs), "opaque": tuple,
+            "coarsening": dict}
+        fields = {}
+        for key, read in readers.items():
+            if key not in d:
+                raise InvalidArgumentError(f"the plan's JSON lacks the field {key!r}; give the "
+                                           f"text Plan.to_json() wrote (tofu-mx plan --json)")
+            try:
+                fields[key] = read(d[key])
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise InvalidArgumentError(
+                    f"the plan's field {key!r} has the wrong structure ({type(e).__name__}: "
+                    f"{e}); give the text Plan.to_json() wrote (tofu-mx plan --json)") from e
+        plan = Plan(**fields, fingerprint=d.get("fingerprint", ""))
+        _check_types(plan)
+        return plan
 
     def report(self, max_rows: int = 40) -> str:
         lines = [f"plan for {self.num_devices} devices, cuts {' x '.join(map(str, self.factors)) or '-'}"
@@ -162,6 +229,107 @@ class Plan:
         return "\n".join(lines)
 
 
+def _check_types(plan: Plan) -> None:
+    """Every field of a plan read from JSON has its type (ints, strings, tuples of them)."""
+    def ints(values, what):
+        if not all(arguments.is_int(v) for v in values):
+            raise InvalidArgumentError(f"the plan's {what} must be ints, got {list(values)!r}")
+
+    def strings(values, what):
+        if not all(isinstance(v, str) for v in values):
+            raise InvalidArgumentError(f"the plan's {what} must be strings, got {list(values)!r}")
+    ints([plan.num_devices], "num_devices")
+    ints(plan.factors, "factors")
+    for lv in plan.levels:
+        ints([lv.parts, lv.groups, lv.problem_nodes, lv.max_frontier, lv.max_states],
+             "level counts")
+    for t in plan.tensors:
+        strings([t.name, t.kind, t.dtype, *t.layouts], f"tensor {t.name!r} fields")
+        ints(t.shape + t.shard, f"tensor {t.name!r} shape and shard")
+    for o in plan.ops:
+        strings([o.name, o.op, *o.strategies], f"operator {o.name!r} fields")
+    strings(plan.opaque, "opaque list")
+    strings([plan.fingerprint], "fingerprint")
+    if plan.num_devices < 1 or any(f < 2 for f in plan.factors) or \
+            math.prod(plan.factors) != plan.num_devices:
+        raise InvalidArgumentError(f"the plan's cuts {list(plan.factors)} do not multiply to its "
+                                   f"num_devices {plan.num_devices} (each cut has 2 or more "
+                                   f"parts); give the text Plan.to_json() wrote, unedited there")
+
+
+_STRATEGY_VERBS = ("split", "reduce", "replicate", "whole")
+
+
+def graph_fingerprint(graph: Graph) -> str:
+    """A digest of what a plan depends on: every node's name, operator, attributes, inputs,
+    and every tensor's shape and dtype."""
+    h = hashlib.sha256()
+    for n in graph.nodes:
+        h.update(json.dumps([n.name, n.op, sorted(n.attrs.items()), [e.to_json() for e in n.inputs],
+                             [[list(t.shape), t.dtype] for t in n.outputs], n.kind]).encode())
+    h.update(json.dumps([e.to_json() for e in graph.heads]).encode())
+    return h.hexdigest()[:16]
+
+
+def check_plan(plan: Plan, graph: Graph, num_devices: int | None = None) -> None:
+    """Raise :class:`tofu_mx.InvalidArgumentError` unless ``plan`` fits ``graph``: made for it
+    (its fingerprint), for ``num_devices`` devices, with cuts multiplying to that count, a
+    layout per cut for each of the graph's tensors (shapes and dtypes as the graph's, shards
+    as the layouts make them) and a strategy per cut for each operator. A plan edited by hand
+    passes if it is consistent; one made elsewhere, for other shapes or devices, does not."""
+    def bad(what: str):
+        return InvalidArgumentError(f"the plan does not fit this graph: {what}. Make the plan "
+                                    f"for this graph and these shapes (tofu_mx.plan(symbol, k, "
+                                    f"**shapes)), or partition() directly")
+    if num_devices is not None and plan.num_devices != num_devices:
+        raise bad(f"it is for {plan.num_devices} devices, {num_devices} are given")
+    if any(f < 2 for f in plan.factors) or math.prod(plan.factors) != plan.num_devices:
+        raise bad(f"its cuts {list(plan.factors)} do not multiply to its {plan.num_devices} "
+                  f"devices (each cut has 2 or more parts)")
+    if [lv.parts for lv in plan.levels] != list(plan.factors):
+        raise bad(f"its levels cut into {[lv.parts for lv in plan.levels]} parts, its cuts are "
+                  f"{list(plan.factors)}")
+    want = {}
+    for node in graph.nodes:
+        outs = [(node.name, node.outputs[0])] if node.is_variable else \
+            [(f"{node.name}:{j}", t) for j, t in enumerate(node.outputs)]
+        want.update(outs)
+    got = {t.name: t for t in plan.tensors}
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if missing or extra:
+        raise bad(f"tensors missing from the plan {missing[:5]}, tensors the graph lacks "
+                  f"{extra[:5]}")
+    for name, info in want.items():
+        t = got[name]
+        if tuple(t.shape) != info.shape or t.dtype != info.dtype:
+            raise bad(f"tensor {name!r} is {t.shape} {t.dtype} in the plan, {info.shape} "
+                      f"{info.dtype} in the graph")
+        if len(t.layouts) != len(plan.factors):
+            raise bad(f"tensor {name!r} has {len(t.layouts)} layouts for {len(plan.factors)} cuts")
+        shard = list(info.shape)
+        for layout, p in zip(t.layouts, plan.factors):
+            if layout == "replicated":
+                continue
+            axis = layout[6:-1] if layout.startswith("split(") and layout.endswith(")") else ""
+            if not axis.isdigit() or int(axis) >= len(shard) or shard[int(axis)] % p:
+                raise bad(f"tensor {name!r} {info.shape} has layout {layout!r}, which is not "
+                          f"'replicated' or 'split(axis)' with the axis divisible by {p}")
+            shard[int(axis)] //= p
+        if tuple(t.shard) != tuple(shard):
+            raise bad(f"tensor {name!r} has shard {t.shard}, its layouts give {tuple(shard)}")
+    ops = [(n.name, n.op) for n in graph.operators()]
+    if [(o.name, o.op) for o in plan.ops] != ops:
+        raise bad("its operators are not the graph's")
+    for o in plan.ops:
+        verbs = [s.partition(" ")[0] for s in o.strategies]
+        if len(verbs) != len(plan.factors) or any(v not in _STRATEGY_VERBS for v in verbs):
+            raise bad(f"operator {o.name!r} has strategies {list(o.strategies)}: one per cut "
+                      f"({len(plan.factors)}), each {' / '.join(_STRATEGY_VERBS)}")
+    if plan.fingerprint and plan.fingerprint != graph_fingerprint(graph):
+        raise bad("it was made for another graph (operator attributes or edges differ) (fingerprint "
+                  f"{plan.fingerprint}, this graph's is {graph_fingerprint(graph)})")
+
+
 def prime_factors(k: int) -> list[int]:
     out, d = [], 2
     while d * d <= k:
@@ -172,11 +340,33 @@ def prime_factors(k: int) -> list[int]:
     return out + ([k] if k > 1 else [])
 
 
+#: the most orders of k's prime factors the search tries (k = 2*3*5*7 has 24; 2**16 has one)
+MAX_FACTOR_ORDERS = 24
+#: the largest device count plan() takes: the search's work grows with log(k), but
+#: factoring k and the per-device tables grow with k
+MAX_DEVICES = 2 ** 20
+
+
 def factor_orders(k: int, try_all: bool) -> list[tuple[int, ...]]:
+    """The orders of ``k``'s prime factors to search: largest first alone, or (``try_all``)
+    every distinct order, in lexicographic order, at most :data:`MAX_FACTOR_ORDERS` of them."""
     factors = sorted(prime_factors(k), reverse=True)
     if not try_all:
         return [tuple(factors)]
-    return sorted(set(itertools.permutations(factors)))
+    return list(itertools.islice(_distinct_orders(sorted(factors)), MAX_FACTOR_ORDERS))
+
+
+def _distinct_orders(items: list[int]):
+    """Each distinct permutation of the sorted ``items`` once, in lexicographic order (not
+    every permutation: 2**16 has 16! of those and one distinct order)."""
+    if not items:
+        yield ()
+        return
+    for i, first in enumerate(items):
+        if i and items[i - 1] == first:
+            continue
+        for rest in _distinct_orders(items[:i] + items[i + 1:]):
+            yield (first,) + rest
 
 
 @dataclass
@@ -274,12 +464,17 @@ def _memory(graph: Graph, tensors: Sequence[TensorPlan], grads: Mapping, options
 
 def budgets_of(budget, k: int) -> list[float]:
     """``memory_budget`` (bytes, or one per device) as one budget per device."""
-    budgets = list(budget) if isinstance(budget, (list, tuple)) else [budget] * k
-    if len(budgets) != k or any(isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0
-                                for b in budgets):
-        raise InvalidArgumentError(f"memory_budget must be bytes, or a list of {k} bytes (one "
-                                   f"per device), got {budget!r}")
-    return budgets
+    if isinstance(budget, str):
+        raise InvalidArgumentError(
+            f"memory_budget must be a number of bytes, got the string {budget!r}; convert it "
+            f"with tofu_mx.summary.parse_bytes({budget!r})")
+    if isinstance(budget, (list, tuple, np.ndarray)):
+        budgets = list(budget)
+        if len(budgets) != k:
+            raise InvalidArgumentError(f"memory_budget lists {len(budgets)} budgets for {k} "
+                                       f"devices; give one number of bytes, or one per device")
+        return [arguments.byte_amount(b, f"memory_budget[{d}]") for d, b in enumerate(budgets)]
+    return [arguments.byte_amount(budget)] * k
 
 
 def _check_budget(plan: Plan, budget, k: int) -> None:
@@ -296,8 +491,16 @@ def _check_budget(plan: Plan, budget, k: int) -> None:
         f"no plan fits: device {d} needs {format_bytes(total)} (weights {format_bytes(m.weights)},"
         f" gradients {format_bytes(m.gradients)}, optimizer {format_bytes(m.optimizer)}, "
         f"activations {format_bytes(m.activations)}) but its budget is {format_bytes(b)}; "
-        + (f"about {need} devices would fit" if need else "no number of devices would fit: the "
-           "tensors kept whole alone exceed the budget"), total, need)
+        + (f"about {need} devices would fit: use more devices, a smaller batch or a larger "
+           f"budget" if need else "no number of devices would fit: the tensors kept whole "
+           "alone exceed the budget; use a smaller model or batch, or a larger budget"),
+        total, need)
+
+
+def check_device_count(num_devices) -> int:
+    """A device count plan() can search for (NumPy ints too), as ``int``."""
+    return arguments.count(num_devices, "num_devices", minimum=1, maximum=MAX_DEVICES,
+                           example="num_devices=8")
 
 
 def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions | None = None,
@@ -307,9 +510,10 @@ def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions
     Runs import -> TDL analysis -> coarsening -> search. ``memory_budget``: bytes per device,
     or a list with one budget per device; :class:`tofu_mx.NoFeasiblePlanError` if no plan fits.
     """
-    if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
-        raise InvalidArgumentError(f"num_devices must be a positive int, got {num_devices!r}")
-    options = options or SearchOptions()
+    num_devices = check_device_count(num_devices)
+    options = SearchOptions.of(options)
+    if memory_budget is not None:
+        budgets_of(memory_budget, num_devices)    # before the import, which may take a while
     graph = import_graph(symbol, dtypes=dtypes, **shapes)
     return plan_graph(graph, num_devices, memory_budget=memory_budget, options=options)
 
@@ -352,7 +556,7 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
                       "tied": len(cut.groups)}
     return Plan(num_devices, tuple(order), levels, tensors, ops,
                 _memory(graph, tensors, grads, options, num_devices), _opaque_ops(graph),
-                coarsening)
+                coarsening, graph_fingerprint(graph))
 
 
 def _opaque_ops(graph: Graph) -> tuple[str, ...]:

@@ -311,8 +311,9 @@ def single_op_symbol(op: str, attrs: Mapping[str, str], n_inputs: int,
 def example_graph(op: str, example: Example) -> Graph:
     """The one-operator graph of an example, imported with shapes."""
     sym = single_op_symbol(op, example.attrs, len(example.shapes))
+    shapes = {f"in{i}": s for i, s in enumerate(example.shapes)}
     return import_symbol(sym, dtypes={f"in{i}": d for i, d in example.dtypes.items()},
-                         **{f"in{i}": s for i, s in enumerate(example.shapes)})
+                         data_names=list(shapes), **shapes)
 
 
 def _facts(index_inputs, labels, loss, gradient, random, name: str) -> OpFacts:
