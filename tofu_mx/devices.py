@@ -5,14 +5,18 @@ import contextlib
 import os
 import re
 import warnings
+from collections import Counter
 from typing import Any, Iterator, Mapping, Sequence
 
 import mxnet as mx
 
+from tofu_mx.arguments import show
 from tofu_mx.errors import ContextError, InvalidArgumentError
 
 _GROUP = re.compile(r"dev(\d+)$")
 _DEVICES = re.compile(r"(?:(?P<type>[a-z]+):)?(?P<ids>\d+(?:,\d+)*)")
+#: most devices (and highest device id + 1) parse_devices accepts: more than any machine has
+MAX_DEVICES = 4096
 _DEVICE_FORMS = ("a count (4, meaning cpu:4), TYPE:COUNT (cpu:4, gpu:8: devices 0..COUNT-1) "
                  "or TYPE:ID,ID,... (gpu:0,2,5), with TYPE cpu or gpu")
 
@@ -26,23 +30,33 @@ def parse_devices(text: str) -> list[mx.Context]:
     """Devices written on a command line: ``"4"`` (same as ``"cpu:4"``), ``"cpu:4"``
     (``mx.cpu(0)`` .. ``mx.cpu(3)``), ``"gpu:8"``, or a list of ids ``"gpu:0,2,5"`` (two or
     more, comma-separated). Case and spaces do not matter. Nothing is allocated: a GPU list
-    can be parsed (and planned for) on a machine without GPUs.
+    can be parsed (and planned for) on a machine without GPUs. At most :data:`MAX_DEVICES`
+    devices, ids below it.
 
     Raises :class:`tofu_mx.InvalidArgumentError` naming the text and the accepted forms.
     """
+    shown = show(text, 40)
     found = _DEVICES.fullmatch(re.sub(r"\s+", "", str(text)).lower())
     kind = found and (found.group("type") or "cpu")
     if not found or kind not in ("cpu", "gpu"):
-        raise InvalidArgumentError(f"cannot read {text!r} as devices; expected {_DEVICE_FORMS}")
-    ids = [int(i) for i in found.group("ids").split(",")]
+        raise InvalidArgumentError(f"cannot read {shown} as devices; expected {_DEVICE_FORMS}")
+    # a count or id of more digits than MAX_DEVICES is too large (and int() of 5000 digits fails)
+    ids = [int(i) if len(i.lstrip("0")) <= len(str(MAX_DEVICES)) else MAX_DEVICES ** 2
+           for i in found.group("ids").split(",")]
+    if len(ids) == 1 and ids[0] > MAX_DEVICES:
+        raise InvalidArgumentError(f"{shown} asks for more than {MAX_DEVICES} devices, the "
+                                   f"most tofu_mx takes; give fewer")
+    if len(ids) > 1 and max(ids) >= MAX_DEVICES:
+        raise InvalidArgumentError(f"{shown} names a {kind} id above {MAX_DEVICES - 1}, the "
+                                   f"largest tofu_mx takes; give smaller ids")
     if len(ids) == 1:
         if ids[0] < 1:
-            raise InvalidArgumentError(f"{text!r} names no device: give at least one, e.g. "
+            raise InvalidArgumentError(f"{shown} names no device: give at least one, e.g. "
                                        f"{kind}:1 (accepted: {_DEVICE_FORMS})")
         ids = list(range(ids[0]))
-    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
     if repeated:
-        raise InvalidArgumentError(f"{text!r} lists {kind} {repeated[0]} more than once; give "
+        raise InvalidArgumentError(f"{shown} lists {kind} {repeated[0]} more than once; give "
                                    f"each device once")
     return [mx.Context(kind, i) for i in ids]
 

@@ -7,12 +7,15 @@ from collections import Counter
 from dataclasses import dataclass
 
 from nnvm_passes.ir import Graph
+from tofu_mx.arguments import show
 from tofu_mx.errors import InvalidArgumentError
 
 #: byte units parse_bytes reads (lower case): binary (KiB = 1024) and decimal (KB = 1000)
 BYTE_UNITS = {"": 1, "b": 1,
               "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4,
               "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4}
+#: amounts parse_bytes refuses from here up: more bytes than MXNet can count (int64)
+MAX_BYTES = 2 ** 63
 _AMOUNT = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)(e[+-]?\d+)?\s*([a-z]*)\s*", re.IGNORECASE)
 
 
@@ -31,17 +34,34 @@ def parse_bytes(text: str) -> int:
     ``KB``/``MB``/``GB``/``TB`` powers of 1000, a bare number (or ``B``) is bytes; case and a
     space before the unit do not matter. A fraction of a byte is rounded to the nearest.
 
-    Raises :class:`tofu_mx.InvalidArgumentError` naming the text and the accepted forms.
+    Raises :class:`tofu_mx.InvalidArgumentError` naming the text and the accepted forms; a
+    negative amount, ``nan``, ``inf`` and amounts of :data:`MAX_BYTES` or more get their own
+    message. 0 is an amount (whether a budget of 0 makes sense is the caller's call).
     """
     found = _AMOUNT.fullmatch(str(text))
     unit = found.group(3).lower() if found else None
     if unit not in BYTE_UNITS:
-        raise InvalidArgumentError(
-            f"cannot read {text!r} as an amount of memory; expected a number of bytes with an "
-            f"optional unit: 1024, 1e9, 512MiB, 16GiB, 1.5GB (KiB MiB GiB TiB: powers of "
-            f"1024; KB MB GB TB: powers of 1000)")
+        _refuse_amount(str(text))
     number = decimal.Decimal(found.group(1) + (found.group(2) or ""))
+    if number >= decimal.Decimal(MAX_BYTES) / BYTE_UNITS[unit]:     # before it overflows
+        raise InvalidArgumentError(
+            f"{show(text, 40)} is too large an amount of memory: {MAX_BYTES:.3g} bytes (2**63) or "
+            f"more; give an amount a device can have, e.g. 16GiB")
     return int((number * BYTE_UNITS[unit]).to_integral_value(decimal.ROUND_HALF_EVEN))
+
+
+def _refuse_amount(text: str) -> None:
+    written = text.strip()
+    if re.fullmatch(r"[+-]?(nan|inf(inity)?)\s*[a-z]*", written, re.IGNORECASE):
+        why = " (not a finite number)"
+    elif written.startswith("-") and _AMOUNT.fullmatch(written[1:]):
+        why = " (negative)"
+    else:
+        why = ""
+    raise InvalidArgumentError(
+        f"cannot read {show(text, 40)} as an amount of memory{why}; expected a number of bytes "
+        f"with an optional unit: 1024, 1e9, 512MiB, 16GiB, 1.5GB (KiB MiB GiB TiB: powers of "
+        f"1024; KB MB GB TB: powers of 1000)")
 
 
 @dataclass(frozen=True)

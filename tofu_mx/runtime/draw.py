@@ -66,7 +66,7 @@ import numpy as np
 
 from nnvm_passes.ir import Graph
 from tofu_mx.errors import InvalidArgumentError, TofuError
-from tofu_mx.files import atomic_write_bytes
+from tofu_mx.files import atomic_write_bytes, check_writable
 from tofu_mx.search.cost import intersect, volume
 from tofu_mx.search.cut import Cut, View
 from tofu_mx.summary import format_bytes
@@ -587,7 +587,7 @@ def draw(ptd: PartitionedSymbol, path: str | os.PathLike, coarsen: bool | None =
     return Drawing(path, False, pic)
 
 
-def check_output(path: str) -> str:
+def check_output(path: str, what: str = "the drawing") -> str:
     """The suffix of ``path`` if :func:`draw` can write there (a known format, an existing
     folder); else :class:`tofu_mx.InvalidArgumentError` saying what to change."""
     path = os.fspath(path)
@@ -595,8 +595,7 @@ def check_output(path: str) -> str:
     if suffix not in FORMATS:
         raise InvalidArgumentError(f"cannot draw to {path!r}: its suffix {suffix!r} names no "
                                    f"format; use one of {', '.join(FORMATS)}")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InvalidArgumentError(f"cannot write {path!r}: the folder {folder!r} does not "
-                                   f"exist; create it first")
+    check_writable(path, what)
+    if suffix != ".dot":        # written instead where Graphviz's dot is missing
+        check_writable(os.path.splitext(path)[0] + ".dot", f"{what}'s .dot file")
     return suffix
