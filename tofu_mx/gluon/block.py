@@ -13,15 +13,19 @@ never changed; it stays on its own devices with its own values.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Sequence
 
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+from nnvm_passes.ir import VARIABLE_KINDS
+from tofu_mx import arguments
+from tofu_mx.arguments import show
 from tofu_mx.devices import check_contexts, no_subgraph_backend
-from tofu_mx.errors import InvalidArgumentError, TofuError
-from tofu_mx.files import atomic_write
+from tofu_mx.errors import CheckpointError, InvalidArgumentError, TofuError, mxnet_message
+from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.gluon.init import initialize_shard
 from tofu_mx.runtime.partitioned import DeviceMemory, PartitionedSymbol
 from tofu_mx.runtime.partitioned import partition as partition_symbol
@@ -33,11 +37,13 @@ def trace(block: gluon.HybridBlock, data_names: Sequence[str], dtype: str,
           loss: gluon.HybridBlock | None = None, label_name: str = "label") -> mx.sym.Symbol:
     """The block's graph as a Symbol (the loss appended when given): inputs ``data_names``,
     parameters named ``Parameter.name``. Nothing of the block changes."""
-    if not isinstance(block, gluon.HybridBlock):
-        raise InvalidArgumentError(
-            f"tofu_mx.gluon.partition needs a gluon.HybridBlock, got {type(block).__name__}: "
-            f"a plain Block runs Python and NDArray code, so it has no graph to partition. "
-            f"Write it as a HybridBlock (hybrid_forward(self, F, x, ...)).")
+    _check_block(block)
+    if isinstance(data_names, str) or not isinstance(data_names, Sequence) or not data_names \
+            or not all(isinstance(n, str) for n in (*data_names, label_name)):
+        raise InvalidArgumentError(f"data_names must be a non-empty list of input names and "
+                                   f"label_name a name, got {show(data_names)} and "
+                                   f"{show(label_name)}; e.g. trace(net, ['data'], 'float32')")
+    dtype = _dtype(dtype)
     inputs = [mx.sym.var(n, dtype=dtype) for n in data_names]
     out = _call(block, inputs, "block")
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
@@ -48,14 +54,35 @@ def trace(block: gluon.HybridBlock, data_names: Sequence[str], dtype: str,
             f"its result with F (mx.sym while tracing), not NDArray code")
     if loss is None:
         return outs[0] if len(outs) == 1 else mx.sym.Group(outs)
-    if not isinstance(loss, gluon.HybridBlock):
-        raise InvalidArgumentError(f"loss must be a gluon.HybridBlock (gluon.loss.*), got "
-                                   f"{type(loss).__name__}")
+    _check_loss(loss)
     if len(outs) != 1:
         raise InvalidArgumentError(
             f"{block.name} has {len(outs)} outputs; a loss block takes one. Partition "
             f"without loss= and apply the loss to pnet(x)'s outputs instead")
     return _call(loss, [outs[0], mx.sym.var(label_name, dtype=dtype)], "loss")
+
+
+def _check_block(block) -> None:
+    if isinstance(block, gluon.HybridBlock):
+        return
+    if isinstance(block, gluon.Block):
+        raise InvalidArgumentError(
+            f"tofu_mx.gluon.partition needs a gluon.HybridBlock, got {type(block).__name__}: "
+            f"a plain Block runs Python and NDArray code, so it has no graph to partition. "
+            f"Write it as a HybridBlock (hybrid_forward(self, F, x, ...)).")
+    hint = ("for an mx.sym.Symbol use tofu_mx.partition(symbol, ctx, data=...)"
+            if isinstance(block, mx.sym.Symbol) else
+            "give the network, e.g. a gluon.nn.HybridSequential")
+    raise InvalidArgumentError(f"tofu_mx.gluon.partition needs a gluon.HybridBlock, got "
+                               f"{type(block).__name__} {show(block)}; {hint}")
+
+
+def _check_loss(loss) -> None:
+    if not isinstance(loss, gluon.HybridBlock):
+        raise InvalidArgumentError(
+            f"loss must be a gluon.HybridBlock, got {type(loss).__name__} {show(loss)}; "
+            f"use a Gluon loss such as gluon.loss.SoftmaxCrossEntropyLoss(), or write the "
+            f"loss as a HybridBlock")
 
 
 def _call(block, inputs, what):
@@ -96,16 +123,16 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
     Returns a :class:`PartitionedBlock`. ``block`` is not modified.
     """
     contexts = check_contexts(ctx)
-    shapes = [tuple(data)] if _is_shape(data) else [tuple(s) for s in data]
-    if not shapes or not all(_is_shape(s) for s in shapes):
-        raise InvalidArgumentError(f"data must be a shape such as (32, 3, 224, 224) or a list "
-                                   f"of shapes, got {data!r}")
+    _check_block(block)
+    shapes = _data_shapes(data)
     if (label is None) != (loss is None):
         raise InvalidArgumentError("give both loss= and label= (the label's shape), or neither")
-    if label is not None and not _is_shape(label):
-        raise InvalidArgumentError(f"label must be a shape such as (32,), got {label!r}")
+    if label is not None:
+        _check_loss(loss)
+        label = _shape(label, "label", "(32,)")
+    init = _initializer(init)
     params = _parameters(block)
-    dtype = np.dtype(dtype or _param_dtype(params)).name
+    dtype = _dtype(dtype) if dtype is not None else _param_dtype(params)
     names = ["data"] if len(shapes) == 1 else [f"data{i}" for i in range(len(shapes))]
     symbol = trace(block, names, dtype, loss)
     shape_of = dict(zip(names, shapes))
@@ -117,9 +144,55 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
                             params, init)
 
 
-def _is_shape(value) -> bool:
-    return isinstance(value, (tuple, list)) and all(
-        isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in value)
+def _data_shapes(data) -> list[Shape]:
+    """``data=`` as a list of shapes: one shape (a tuple of ints) or a list of them."""
+    example = "(32, 3, 224, 224), or [(32, 10), (32, 5)] for a block with two inputs"
+    if not isinstance(data, (tuple, list)) or not data:
+        raise InvalidArgumentError(f"data must be a shape or a list of shapes, got "
+                                   f"{type(data).__name__} {show(data)}; e.g. {example}")
+    if any(isinstance(d, (tuple, list)) for d in data):
+        return [_shape(s, f"data[{i}]", example) for i, s in enumerate(data)]
+    return [_shape(data, "data", example)]
+
+
+def _shape(value, name: str, example: str) -> Shape:
+    """A non-empty tuple or list of positive ints (NumPy's too), as a tuple of ints."""
+    if not isinstance(value, (tuple, list)) or not value:
+        raise InvalidArgumentError(f"{name} must be a shape (a non-empty tuple of ints), got "
+                                   f"{type(value).__name__} {show(value)}; e.g. {example}")
+    return tuple(arguments.count(d, f"{name}[{i}] (of {name}={show(value)})", example=example)
+                 for i, d in enumerate(value))
+
+
+def _dtype(dtype) -> str:
+    """The name of a dtype MXNet arrays can have."""
+    supported = ", ".join(sorted({np.dtype(t).name for t in mx.ndarray.ndarray._DTYPE_NP_TO_MX
+                                  if t is not None and np.dtype(t).names is None}))
+    try:
+        name = np.dtype(dtype).name
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"dtype {dtype!r} is not a data type ({e}); use one of "
+                                   f"{supported}, e.g. dtype='float32'") from None
+    if name not in supported.split(", "):
+        raise InvalidArgumentError(f"dtype {dtype!r} is not one MXNet arrays can have; use one "
+                                   f"of {supported}")
+    return name
+
+
+def _initializer(init) -> mx.init.Initializer | None:
+    """``init=``: None, an ``mx.init.Initializer``, or the name of a registered one."""
+    if init is None or isinstance(init, mx.init.Initializer):
+        return init
+    names = ", ".join(sorted(mx.registry.get_registry(mx.init.Initializer)))
+    if not isinstance(init, str):
+        raise InvalidArgumentError(f"init must be an mx.init.Initializer or its name, got "
+                                   f"{type(init).__name__} {show(init)}; e.g. "
+                                   f"init=mx.init.Xavier() or one of {names}")
+    try:
+        return mx.init.create(init)
+    except Exception as e:  # noqa: BLE001  (MXNet answers an unknown name with an assert)
+        raise InvalidArgumentError(f"init={init!r} is no initializer MXNet knows ({e}); use "
+                                   f"one of {names}, or an mx.init.Initializer") from None
 
 
 def _parameters(block) -> dict[str, gluon.Parameter]:
@@ -186,6 +259,11 @@ class PartitionedBlock(gluon.Block):
     def shard_arrays(self, kinds: Sequence[str] = ("param", "aux")
                      ) -> list[tuple[Any, mx.nd.NDArray, mx.nd.NDArray | None]]:
         """``(VarShard, value, gradient or None)`` of every shard of the given kinds."""
+        if isinstance(kinds, str) or not isinstance(kinds, Sequence) or \
+                not all(isinstance(k, str) and k in VARIABLE_KINDS for k in kinds):
+            raise InvalidArgumentError(f"kinds must be a list of variable kinds, some of "
+                                       f"{', '.join(VARIABLE_KINDS)}; got {show(kinds)}, e.g. "
+                                       f"kinds=('param',)")
         return [(s, self._arrays[s.name], self._exe.grad_dict.get(s.name))
                 for s in self.partitioned.shards if s.kind in kinds]
 
@@ -224,6 +302,7 @@ class PartitionedBlock(gluon.Block):
         """Write every parameter and auxiliary state, whole, under the block's structural
         names: ``block.load_parameters(path)`` reads it (as ``block.save_parameters`` wrote
         it), at any device count. The file is written atomically."""
+        path = _output_path(path, "the parameter file")
         mx.nd.waitall()     # a pending autograd backward pass (see _set_inputs)
         wholes = self.partitioned.merge_arrays(self._arrays, ("param", "aux"))
         blob = {}
@@ -238,16 +317,20 @@ class PartitionedBlock(gluon.Block):
 
     def load_parameters(self, path: str) -> None:
         """Read a file written by :meth:`export_parameters` or ``block.save_parameters``
-        (structural names, whole arrays) into the shards. Nothing changes if it does not fit."""
+        (structural names, whole arrays) into the shards. Nothing changes if it does not fit
+        (:class:`tofu_mx.CheckpointError`)."""
+        hint = (f"give a file saved from {self.source.name} (block.save_parameters or "
+                f"PartitionedBlock.export_parameters)")
+        path = arguments.input_file(path, "the parameter file", error=CheckpointError)
         try:
             blob = mx.nd.load(path)
         except mx.base.MXNetError as e:
-            raise InvalidArgumentError(f"cannot read {path!r} as a Gluon .params file: "
-                                       f"{str(e).splitlines()[0]}") from e
-        names = self.structural_names()
+            raise CheckpointError(f"cannot read {path!r} as a Gluon .params file: "
+                                  f"{mxnet_message(e)}; {hint}") from None
         if not isinstance(blob, dict):
-            raise InvalidArgumentError(f"{path!r} holds an unnamed list of arrays, not a Gluon "
-                                       f"parameter file")
+            raise CheckpointError(f"{path!r} holds an unnamed list of {len(blob)} arrays, not "
+                                  f"a Gluon parameter file (arrays by name); {hint}")
+        names = self.structural_names()
         wanted = {k: n for k, n in names.items() if n in self._shards_of}
         missing = sorted(set(wanted) - set(blob))
         extra = sorted(set(blob) - set(names))
@@ -255,31 +338,49 @@ class PartitionedBlock(gluon.Block):
                  for k, n in wanted.items() if k in blob and
                  blob[k].shape != self.partitioned.graph.node(n).outputs[0].shape]
         if missing or extra or wrong:
-            raise InvalidArgumentError(
+            raise CheckpointError(
                 f"{path!r} does not fit {self.source.name}: missing {missing[:5]}, unknown "
-                f"{extra[:5]}, wrong shape {wrong[:5]}. Give a file saved from this block "
-                f"(save_parameters or PartitionedBlock.export_parameters).")
+                f"{extra[:5]}, wrong shape {wrong[:5]}. {hint[0].upper()}{hint[1:]}.")
         self._write({name: blob[key].asnumpy() for key, name in wanted.items()})
 
     # --- running ---------------------------------------------------------------------------
-    def _set_inputs(self, arrays: Sequence[Any]) -> None:
+    def _check_inputs(self, arrays: Sequence[Any]) -> list[mx.nd.NDArray | np.ndarray]:
+        """The inputs (data..., label), each an NDArray or a NumPy array of the shape the
+        block was partitioned for; nothing is written."""
         names = self.data_names + ([self.label_name] if self.label_name else [])
         if len(arrays) != len(names):
+            call = f"pnet.step({', '.join(names)})" if self.label_name else \
+                f"pnet({', '.join(names)})"
             raise InvalidArgumentError(
-                f"{self.name} takes {len(names)} arrays ({', '.join(names)}), got {len(arrays)}")
-        # A backward pass started by autograd (loss.backward()) runs _Run.backward on one of
-        # MXNet's engine threads and returns at once; the executor must not be entered again
-        # until it is done (measured: "Cannot find attribute shape in the graph", or a hang,
-        # at k=4 with two autograd steps back to back).
-        mx.nd.waitall()
+                f"{self.name} takes {len(names)} array{'s' * (len(names) > 1)} "
+                f"({', '.join(names)}), got "
+                f"{len(arrays)}; call {call}"
+                + ("" if self.label_name else " (it was partitioned without a loss: apply "
+                   "the loss to its outputs)"))
         graph = self.partitioned.graph
+        checked = []
         for name, array in zip(names, arrays):
+            if not isinstance(array, mx.nd.NDArray):    # NumPy, a list; not str, None
+                array = arguments.numeric_array(array, name)
             want = graph.node(name).outputs[0].shape
             if tuple(array.shape) != want:
                 raise InvalidArgumentError(
                     f"{name} has shape {tuple(array.shape)}, the block was partitioned for "
                     f"{want}: the partition is for one batch shape. Partition again for this "
                     f"shape, or drop (or pad) the last incomplete batch.")
+            checked.append(array)
+        return checked
+
+    def _set_inputs(self, arrays: Sequence[Any]) -> None:
+        """Check every input, then write them all into their shards."""
+        checked = self._check_inputs(arrays)
+        names = self.data_names + ([self.label_name] if self.label_name else [])
+        # A backward pass started by autograd (loss.backward()) runs _Run.backward on one of
+        # MXNet's engine threads and returns at once; the executor must not be entered again
+        # until it is done ("Cannot find attribute shape in the graph", or a hang, at k=4
+        # with two autograd steps back to back).
+        mx.nd.waitall()
+        for name, array in zip(names, checked):
             for s in self._shards_of[name]:
                 part = array[s.slices]
                 if isinstance(part, mx.nd.NDArray):
@@ -302,7 +403,10 @@ class PartitionedBlock(gluon.Block):
         if autograd.is_recording():
             # autograd records an operation only when some input is in its graph; the
             # inputs need no gradient, so a one-element anchor that has one stands in
-            return _Run(self)(self._anchor, *arrays)
+            checked = self._check_inputs(arrays)
+            return _Run(self)(self._anchor, *[
+                a if isinstance(a, mx.nd.NDArray) else
+                mx.nd.array(a, ctx=self._anchor.context, dtype=a.dtype) for a in checked])
         self._set_inputs(arrays)
         self._exe.forward(is_train=autograd.is_training())
         outs = [o.copy() for o in self._exe.outputs]
@@ -316,6 +420,14 @@ class PartitionedBlock(gluon.Block):
         rows = self.partitioned.memory_per_device()
         if optimizer_bytes is None:
             return rows
+        if isinstance(optimizer_bytes, str) or not isinstance(optimizer_bytes, Sequence) or \
+                len(optimizer_bytes) != len(rows):
+            raise InvalidArgumentError(f"optimizer_bytes must list the bytes of optimizer state "
+                                       f"on each of the {len(rows)} devices, got "
+                                       f"{show(optimizer_bytes)}; e.g. "
+                                       f"trainer.state_bytes_per_device()")
+        optimizer_bytes = [arguments.count(b, f"optimizer_bytes[{d}]", minimum=0)
+                           for d, b in enumerate(optimizer_bytes)]
         return [dataclasses.replace(m, optimizer=int(b)) for m, b in zip(rows, optimizer_bytes)]
 
     def bytes_per_device(self) -> list[dict[str, int]]:
@@ -339,6 +451,14 @@ class PartitionedBlock(gluon.Block):
     def __repr__(self) -> str:
         return (f"PartitionedBlock({self.source.name} over {len(self.partitioned.contexts)} "
                 f"devices, {len(self._shards_of)} variables)")
+
+
+def _output_path(path: Any, what: str) -> str:
+    """A path :func:`~tofu_mx.files.atomic_write` can write (``os.PathLike`` accepted)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"{what} must be a path (str), got {type(path).__name__} "
+                                   f"{show(path)}; e.g. 'model.params'")
+    return check_writable(os.fspath(path), what)
 
 
 def _grad_req(p: gluon.Parameter) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import mxnet as mx
 import numpy as np
 
-from tofu_mx.errors import InvalidArgumentError
+from tofu_mx.errors import InvalidArgumentError, TofuError
 
 Box = tuple[tuple[int, int], ...]
 
@@ -111,8 +111,18 @@ def initialize_shard(init: Any, default_init: Any, name: str, shard: mx.nd.NDArr
     """Run Gluon's initialisation of parameter ``name`` (``Parameter.initialize`` with
     ``init`` and the block's ``default_init``) on the shard ``box`` of its ``whole`` shape."""
     window = ShardWindow.of(shard, whole, box, name)
-    with mx.autograd.pause(), _draws_into_shards():
-        mx.init.create(default_init or mx.init.Uniform())(mx.init.InitDesc(name, {"__init__": init}), window)
+    try:
+        with mx.autograd.pause(), _draws_into_shards():
+            initializer = mx.init.create(default_init or mx.init.Uniform())
+            initializer(mx.init.InitDesc(name, {"__init__": init}), window)
+    except TofuError:
+        raise
+    except Exception as e:  # noqa: BLE001  (MXNet's initializers answer with asserts)
+        text = str(e).splitlines()[0] if str(e) else ""
+        raise InvalidArgumentError(
+            f"cannot initialise parameter {name!r} {tuple(whole)} with init={init!r} "
+            f"(default {default_init!r}): {type(e).__name__}: {text}. Give the parameter an "
+            f"mx.init.Initializer (or initialise the block before partitioning).") from e
 
 
 _LOCK = threading.Lock()

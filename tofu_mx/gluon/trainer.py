@@ -14,15 +14,17 @@ loads into a plain ``gluon.Trainer`` or into a Trainer at any other device count
 from __future__ import annotations
 
 import copy
+import inspect
 import pickle
 from typing import Any, Mapping
 
 import mxnet as mx
 import numpy as np
 
-from tofu_mx.errors import InvalidArgumentError
+from tofu_mx import arguments
+from tofu_mx.errors import CheckpointError, InvalidArgumentError
 from tofu_mx.files import atomic_write_bytes
-from tofu_mx.gluon.block import PartitionedBlock
+from tofu_mx.gluon.block import PartitionedBlock, _output_path
 
 
 class Trainer:
@@ -44,21 +46,16 @@ class Trainer:
         param_dict = {i: block._params_by_name[s.source] for i, (s, _, _) in
                       enumerate(self._shards)}
         if isinstance(optimizer, mx.optimizer.Optimizer):
-            if optimizer_params:
-                raise InvalidArgumentError("optimizer_params must be None when optimizer is an "
-                                           "Optimizer instance (set them on the instance)")
+            if optimizer_params is not None and (not isinstance(optimizer_params, Mapping)
+                                                 or optimizer_params):
+                raise InvalidArgumentError(
+                    f"optimizer_params must be None when optimizer is an Optimizer instance, "
+                    f"got {optimizer_params!r}; set them on the instance "
+                    f"(mx.optimizer.{type(optimizer).__name__}(learning_rate=...))")
             optimizer.param_dict = param_dict
             self._optimizer = optimizer
-        elif isinstance(optimizer, str):
-            try:
-                self._optimizer = mx.optimizer.create(optimizer, param_dict=param_dict,
-                                                      **dict(optimizer_params or {}))
-            except (ValueError, TypeError) as e:
-                raise InvalidArgumentError(f"cannot create optimizer {optimizer!r} with "
-                                           f"{dict(optimizer_params or {})}: {e}") from e
         else:
-            raise InvalidArgumentError(f"optimizer must be a name ('sgd', 'adam', ...) or an "
-                                       f"mx.optimizer.Optimizer, got {type(optimizer).__name__}")
+            self._optimizer = _create_optimizer(optimizer, optimizer_params, param_dict)
         self._scale = self._optimizer.rescale_grad
         self._updater = mx.optimizer.get_updater(self._optimizer)
         # every shard's state now, on the shard's device: memory_per_device counts it
@@ -79,15 +76,20 @@ class Trainer:
         return opt.lr_scheduler(opt.num_update) if opt.lr_scheduler is not None else opt.lr
 
     def set_learning_rate(self, lr: float) -> None:
+        lr = arguments.real(lr, "lr", minimum=0, strict=True, example="0.01")
+        if self._optimizer.lr_scheduler is not None:
+            raise InvalidArgumentError(
+                f"the optimizer has an lr_scheduler ({type(self._optimizer.lr_scheduler).__name__}"
+                f"), which sets the learning rate each step; set its base_lr instead, or create "
+                f"the optimizer without one")
         self._optimizer.set_learning_rate(lr)
 
     def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         """One update of every shard with its gradient scaled by ``1 / batch_size``, as
         ``gluon.Trainer.step``. Waits for the backward pass to finish first (needed when it
         ran through autograd: MXNet's threaded engine can otherwise hang)."""
-        if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
-            raise InvalidArgumentError(f"batch_size must be a positive integer, got "
-                                       f"{batch_size!r}")
+        batch_size = arguments.count(batch_size, "batch_size", example="trainer.step(x.shape[0])")
+        ignore_stale_grad = arguments.flag(ignore_stale_grad, "ignore_stale_grad")
         mx.nd.waitall()
         if not self.block._fresh and not ignore_stale_grad:
             raise InvalidArgumentError(
@@ -120,6 +122,7 @@ class Trainer:
     def save_states(self, path: str) -> None:
         """Write the optimizer and its states, whole, as ``gluon.Trainer.save_states`` does for
         the unpartitioned block (atomically)."""
+        path = _output_path(path, "the trainer states file")
         mx.nd.waitall()
         groups: dict[int, list[int]] = {}
         for i, (s, _, _) in enumerate(self._shards):
@@ -138,45 +141,86 @@ class Trainer:
 
     def load_states(self, path: str) -> None:
         """Read a file written by :meth:`save_states` or ``gluon.Trainer.save_states`` (of the
-        unpartitioned block, at any device count) into the shards' states."""
-        try:
-            with open(path, "rb") as f:
-                loaded = pickle.loads(f.read())
-        except (OSError, pickle.UnpicklingError, EOFError) as e:
-            raise InvalidArgumentError(f"cannot read trainer states from {path!r}: {e}") from e
-        if isinstance(loaded, tuple) and len(loaded) == 2:
-            states, opt = loaded
-        else:
-            states, opt = loaded, None
-        if not isinstance(states, dict):
-            raise InvalidArgumentError(f"{path!r} holds no trainer states")
-        new_states = {}
-        for i, (s, w, _) in enumerate(self._shards):
-            g = self._param_index[s.source]
-            if g not in states:
-                raise InvalidArgumentError(
-                    f"{path!r} has no optimizer state for {s.source!r} (index {g}); it was saved "
-                    f"for another block or optimizer")
-            new_states[i] = self._split(states[g], s, w)
+        unpartitioned block, at any device count) into the shards' states. Nothing changes if
+        it does not fit (:class:`tofu_mx.CheckpointError`)."""
+        states, opt = self._read_states(path)
+        new_states = {i: self._split(states[self._param_index[s.source]], s, w)
+                      for i, (s, w, _) in enumerate(self._shards)}
         if opt is not None:
-            counts = dict(opt._index_update_count)
-            for table in opt._all_index_update_counts.values():
-                counts.update(table)
-            opt = copy.copy(opt)
-            # the Updater keeps one count table per device id (Optimizer._set_current_context);
-            # shard indices are unique, so every device shares one table
-            table = {i: counts[self._param_index[s.source]]
-                     for i, (s, _, _) in enumerate(self._shards)
-                     if self._param_index[s.source] in counts}
-            opt._all_index_update_counts = {c.device_id: table for c in self._by_device}
-            opt._all_index_update_counts.setdefault(0, table)
-            opt._index_update_count = table
-            opt.param_dict = self._optimizer.param_dict
-            # rescale_grad in the file is the last step's 1/batch_size: step() sets it anew
+            opt = self._adopt(opt)
             self._optimizer = opt
             self._updater.optimizer = opt
         self._updater.states = new_states
         self._updater.states_synced = dict.fromkeys(new_states, True)
+
+    def _read_states(self, path: Any) -> tuple[dict, mx.optimizer.Optimizer | None]:
+        """The whole states (by parameter index) and optimizer a states file holds, checked
+        against this trainer's parameters: one state per updated parameter, each array of
+        its parameter's shape."""
+        hint = ("give a file written by tofu_mx.gluon.Trainer.save_states or "
+                "gluon.Trainer.save_states for this block")
+        path = arguments.input_file(path, "the trainer states file", error=CheckpointError)
+        try:
+            with open(path, "rb") as f:
+                loaded = pickle.loads(f.read())
+        except Exception as e:  # noqa: BLE001  (pickle fails in many ways on a foreign file)
+            raise CheckpointError(f"cannot read trainer states from {path!r}: "
+                                  f"{type(e).__name__}: {e}; {hint}") from None
+        states, opt = loaded if isinstance(loaded, tuple) and len(loaded) == 2 else (loaded,
+                                                                                     None)
+        if not isinstance(states, dict) or not all(
+                isinstance(k, int) and not isinstance(k, bool) for k in states):
+            raise CheckpointError(f"{path!r} holds a {type(loaded).__name__}, not trainer states "
+                                  f"(a dict of optimizer states by parameter index); {hint}")
+        if opt is not None and not isinstance(opt, mx.optimizer.Optimizer):
+            raise CheckpointError(f"{path!r} holds a {type(opt).__name__} where the optimizer "
+                                  f"belongs; {hint}")
+        by_index = {i: name for name, i in self._param_index.items()}
+        unknown = sorted(k for k in states if k not in by_index)
+        if unknown:
+            raise CheckpointError(f"{path!r} has states for parameter indices {unknown[:5]}, "
+                                  f"but {self.block.source.name} has {len(by_index)} parameters; "
+                                  f"{hint}")
+        for i, (s, _, _) in enumerate(self._shards):
+            g = self._param_index[s.source]
+            if g not in states:
+                raise CheckpointError(
+                    f"{path!r} has no optimizer state for {s.source!r} (index {g}); it was "
+                    f"saved for another block or optimizer; {hint}")
+            ours = _layout(self._updater.states[i])
+            if opt is None and _layout(states[g]) != ours:
+                raise CheckpointError(
+                    f"{path!r} holds no optimizer, and its state for {s.source!r} (index {g}) "
+                    f"is laid out as {_layout(states[g])}, not as this trainer's "
+                    f"{type(self._optimizer).__name__} keeps it ({ours}); create the Trainer "
+                    f"with the optimizer the states were saved with")
+            whole = tuple(self.block.partitioned.graph.node(s.source).outputs[0].shape)
+            for leaf in _leaves(states[g]):
+                if tuple(leaf.shape) != whole:
+                    raise CheckpointError(
+                        f"{path!r} holds an optimizer state of shape {tuple(leaf.shape)} for "
+                        f"parameter {s.source!r} (index {g}), whose shape is {whole}: the states "
+                        f"must have the shapes of the parameters they belong to (was the file "
+                        f"saved for another net?); {hint}")
+        return states, opt
+
+    def _adopt(self, opt: mx.optimizer.Optimizer) -> mx.optimizer.Optimizer:
+        """A copy of the file's optimizer, its update counts numbered by shard."""
+        counts = dict(getattr(opt, "_index_update_count", None) or {})
+        for table in (getattr(opt, "_all_index_update_counts", None) or {}).values():
+            counts.update(table)
+        opt = copy.copy(opt)
+        # the Updater keeps one count table per device id (Optimizer._set_current_context);
+        # shard indices are unique, so every device shares one table
+        table = {i: counts[self._param_index[s.source]]
+                 for i, (s, _, _) in enumerate(self._shards)
+                 if self._param_index[s.source] in counts}
+        opt._all_index_update_counts = {c.device_id: table for c in self._by_device}
+        opt._all_index_update_counts.setdefault(0, table)
+        opt._index_update_count = table
+        opt.param_dict = self._optimizer.param_dict
+        # rescale_grad in the file is the last step's 1/batch_size: step() sets it anew
+        return opt
 
     def _merge(self, members: list[int]):
         """The shards' states of one parameter -> its whole state (NumPy-backed, on cpu)."""
@@ -201,17 +245,89 @@ class Trainer:
         return merge([(self._shards[i][0], self._updater.states[i]) for i in members])
 
     def _split(self, state, shard, weight):
-        whole = self.block.partitioned.graph.node(shard.source).outputs[0].shape
-        if state is None:
-            return None
+        """A parameter's whole state (shapes checked by _read_states) -> the shard's."""
         if isinstance(state, (tuple, list)):
             return type(state)(self._split(x, shard, weight) for x in state)
         if isinstance(state, mx.nd.NDArray):
-            if tuple(state.shape) == tuple(whole):
-                part = state[shard.slices] if len(whole) else state
-                return part.as_in_context(weight.context).astype(state.dtype, copy=False)
-            return state.as_in_context(weight.context)
+            part = state[shard.slices] if state.ndim else state
+            return part.as_in_context(weight.context)
         return state
+
+
+_SET_BY_TRAINER = ("param_dict", "param_idx2name")
+_NUMERIC_PARAMS = ("learning_rate", "wd", "momentum", "clip_gradient", "rescale_grad", "beta1",
+                   "beta2", "epsilon", "gamma1", "gamma2", "rho", "lamda1", "lower_bound",
+                   "upper_bound", "eta", "eps", "centered_epsilon")
+
+
+def _create_optimizer(name: Any, params: Any, param_dict: dict) -> mx.optimizer.Optimizer:
+    """``mx.optimizer.create(name, **params)``, its name and parameters checked first."""
+    registry = mx.optimizer.Optimizer.opt_registry
+    known = ", ".join(n for n in sorted(registry) if n != "test")
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"optimizer must be a name ('sgd', 'adam', ...) or an "
+                                   f"mx.optimizer.Optimizer, got {type(name).__name__} "
+                                   f"{name!r}; use one of {known}")
+    if name.lower() not in registry:
+        raise InvalidArgumentError(f"unknown optimizer {name!r}; use one of {known} (the names "
+                                   f"in mx.optimizer.Optimizer.opt_registry)")
+    params = dict(arguments.mapping(params, "optimizer_params",
+                                    "{'learning_rate': 0.1, 'momentum': 0.9}"))
+    cls = registry[name.lower()]
+    accepted = _keywords(cls)
+    if accepted is not None:
+        accepted = {k: v for k, v in accepted.items() if k not in _SET_BY_TRAINER}
+    for key, value in params.items():
+        if key in _SET_BY_TRAINER:
+            raise InvalidArgumentError(f"optimizer_params must not set {key}: the Trainer "
+                                       f"maps the shards to the block's Parameters itself; "
+                                       f"remove it")
+        if accepted is not None and key not in accepted:
+            raise InvalidArgumentError(
+                f"optimizer {name!r} takes no parameter {key!r}; use one of "
+                f"{', '.join(sorted(accepted))}")
+        numeric = key in _NUMERIC_PARAMS or (accepted is not None and
+                                             _is_number(accepted.get(key)))
+        if value is None or not numeric:    # None: the optimizer's default
+            continue
+        arguments.real(value, f"optimizer_params[{key!r}]",
+                       minimum=0 if key == "learning_rate" else None,
+                       strict=key == "learning_rate", example=f"{{{key!r}: 0.1}}")
+    try:
+        return mx.optimizer.create(name, param_dict=param_dict, **params)
+    except Exception as e:  # noqa: BLE001  (an optimizer's own checks: asserts, ValueErrors)
+        raise InvalidArgumentError(f"cannot create optimizer {name!r} with {params}: "
+                                   f"{type(e).__name__}: {e}; check optimizer_params against "
+                                   f"mx.optimizer.{cls.__name__}'s parameters") from None
+
+
+def _keywords(cls: type) -> dict[str, Any] | None:
+    """The keyword parameters ``cls(...)`` accepts -> their defaults, following ``**kwargs``
+    up to ``Optimizer.__init__``; None where the chain ends in an open ``**kwargs``."""
+    out: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        for p in params:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
+                out.setdefault(p.name, p.default)
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return out
+        if klass is mx.optimizer.Optimizer:
+            return None
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _layout(state) -> Any:
+    """A state's nesting, arrays as "array": what an optimizer's create_state fixes."""
+    if isinstance(state, (tuple, list)):
+        return tuple(_layout(x) for x in state)
+    return "array" if isinstance(state, mx.nd.NDArray) else type(state).__name__
 
 
 def _leaves(state):

@@ -298,7 +298,9 @@ def test_errors():
     trainer = tg.Trainer(pnet, "sgd")
     with pytest.raises(tofu_mx.InvalidArgumentError, match="gradients have not been computed"):
         trainer.step(8)
-    with pytest.raises(tofu_mx.InvalidArgumentError, match="cannot create optimizer"):
+    with pytest.raises(tofu_mx.InvalidArgumentError,
+                       match="optimizer 'sgd' takes no parameter 'learning_rat'; use one of "
+                             "begin_num_update, clip_gradient"):
         tg.Trainer(pnet, "sgd", {"learning_rat": 0.1})
     with pytest.raises(tofu_mx.InvalidArgumentError, match="takes the block"):
         tg.Trainer(net, "sgd")
