@@ -1,5 +1,7 @@
 """verify() on hand-placed graphs, as MXNet's own test_model_parallel.py places them."""
 import re
+import resource
+import warnings
 
 import mxnet as mx
 import numpy as np
@@ -113,10 +115,20 @@ def test_dropout_is_deterministic_in_both_runs(cpus):
 
 
 def test_untagged_variable_read_on_another_device_is_a_bind_error(cpus):
-    with pytest.raises(tofu_mx.BindError,
-                       match=r"cannot bind the candidate on \['cpu\(1\)'\]: .*Trying to save "
-                             r"gradient to cpu\(0\).*nnvm_passes.place"):
-        tofu_mx.verify(dropout_fc(), dropout_fc("dev1", tag_data=False), cpus(2), data=(8, 6))
+    raises_and_changes_nothing(
+        tofu_mx.BindError, r"cannot bind the candidate on \['cpu\(0\)', 'cpu\(1\)'\]: .*Trying "
+                           r"to save gradient to cpu\(0\).*nnvm_passes.place",
+        dropout_fc(), dropout_fc("dev1", tag_data=False), cpus(2), data=(8, 6))
+
+
+def test_other_bind_errors_get_no_placement_hint(cpus, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise mx.base.MXNetError("MXNetError: Check failed: something else went wrong")
+    monkeypatch.setattr(mx.sym.Symbol, "simple_bind", refuse)
+    raises_and_changes_nothing(
+        tofu_mx.BindError, r"^MXNet cannot bind the reference on \['cpu\(0\)'\]: MXNetError: "
+                           r"Check failed: something else went wrong\.$",
+        mlp(), mlp(placed=True), cpus(2), **SHAPES)
 
 
 def test_explicit_group2ctx_and_candidate_pairs(cpus):
@@ -129,6 +141,27 @@ def test_explicit_group2ctx_and_candidate_pairs(cpus):
         tofu_mx.verify(ref, cand, cpus(2), x=(2, 3))
 
 
+def state(*given):
+    """What a call was given, to compare after it: symbols as JSON, arrays as bytes, dicts,
+    lists and partitions followed. A call that fails must leave all of it as it was."""
+    def snap(x):
+        if isinstance(x, mx.sym.Symbol):
+            return "symbol", x.tojson()
+        if isinstance(x, mx.nd.NDArray):
+            return "ndarray", x.shape, str(x.dtype), x.context, x.asnumpy().tobytes()
+        if isinstance(x, np.ndarray):
+            return "array", x.shape, str(x.dtype), x.tobytes()
+        if isinstance(x, dict):
+            return "dict", [(k, snap(v)) for k, v in x.items()]
+        if isinstance(x, (list, tuple)):
+            return type(x).__name__, [snap(v) for v in x]
+        if hasattr(x, "shards"):
+            return ("partition", x.symbol.tojson(), snap(list(x.contexts)),
+                    snap(dict(x.group2ctx)), x.executor is None, snap(x.reference))
+        return "value", repr(x)
+    return [snap(x) for x in given]
+
+
 def test_arrays_override_and_are_not_mutated(cpus):
     x = np.ones((4, 5), dtype=np.float32)
     nd = mx.nd.ones((8, 5))
@@ -136,11 +169,32 @@ def test_arrays_override_and_are_not_mutated(cpus):
                             arrays={"data": x, "fc1_weight": nd}, **SHAPES)
     assert report.ok
     assert (x == 1).all() and (nd.asnumpy() == 1).all()
-    with pytest.raises(tofu_mx.InvalidArgumentError, match=r"arrays\['data'\] has shape \(2, 5\)"):
-        tofu_mx.verify(mlp(), mlp(placed=True), cpus(2), arrays={"data": np.ones((2, 5))},
-                       **SHAPES)
-    with pytest.raises(tofu_mx.InvalidArgumentError, match="arrays has 'bogus'"):
-        tofu_mx.verify(mlp(), mlp(placed=True), cpus(2), arrays={"bogus": x}, **SHAPES)
+    for arrays, message in [({"data": np.ones((2, 5))}, r"arrays\['data'\] has shape \(2, 5\)"),
+                            ({"bogus": x}, "arrays has 'bogus'")]:
+        ref, cand = mlp(), mlp(placed=True)
+        before = state(ref, cand, arrays, SHAPES)
+        with pytest.raises(tofu_mx.InvalidArgumentError, match=message):
+            tofu_mx.verify(ref, cand, cpus(2), arrays=arrays, **SHAPES)
+        assert state(ref, cand, arrays, SHAPES) == before
+
+
+def test_a_float64_graph_is_its_own_oracle(cpus):
+    """In float64 the oracle is the reference run itself: no rounding allowance, the same
+    verdict as the default mode."""
+    dtypes = {"data": "float64", "softmax_label": "float64"}
+    for cand in (mlp(placed=True), mlp(placed=True, swap_halves=True)):
+        reports = []
+        for oracle in (None, "float64"):
+            try:
+                reports.append(tofu_mx.verify(mlp(), cand, cpus(2), dtypes=dtypes,
+                                              oracle=oracle, **SHAPES))
+            except tofu_mx.VerificationError as e:
+                reports.append(e.report)
+        default, judged = reports
+        assert default.ok == judged.ok and not default.diagnosis
+        for d, o in zip(default.comparisons, judged.comparisons):
+            assert (o.name, o.max_abs_err, o.ok) == (d.name, d.max_abs_err, d.ok)
+            assert o.reference_abs_err == 0 == o.rounding_abs_err
 
 
 def test_symbols_are_not_mutated(cpus):
@@ -152,6 +206,16 @@ def test_symbols_are_not_mutated(cpus):
 
 # --- bad input ------------------------------------------------------------------------------
 
+def raises_and_changes_nothing(error, match, *args, **kwargs):
+    """``tofu_mx.verify(*args, **kwargs)`` raises ``error`` matching ``match`` and leaves
+    every argument as it was."""
+    before = state(args, kwargs)
+    with pytest.raises(error, match=match) as info:
+        tofu_mx.verify(*args, **kwargs)
+    assert state(args, kwargs) == before
+    return info.value
+
+
 @pytest.mark.parametrize("ctx, message", [
     ([], "ctx is empty"),
     ([mx.cpu(0), mx.cpu(1), mx.cpu(0)], r"ctx lists cpu\(0\) twice \(positions 0 and 2\)"),
@@ -159,34 +223,162 @@ def test_symbols_are_not_mutated(cpus):
     ("cpu", "ctx must be a list of mx.Context, got str"),
 ])
 def test_bad_ctx(ctx, message):
-    with pytest.raises(tofu_mx.ContextError, match=message):
-        tofu_mx.verify(mlp(), mlp(placed=True), ctx, **SHAPES)
+    raises_and_changes_nothing(tofu_mx.ContextError, message, mlp(), mlp(placed=True), ctx,
+                               **SHAPES)
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"rtol": "1e-4"}, r"rtol must be a number, got str '1e-4'; e.g. rtol=1e-4"),
+    ({"rtol": -1e-4}, r"rtol must be >= 0, got -0.0001"),
+    ({"rtol": NAN}, r"rtol must be a finite number, got nan"),
+    ({"atol": -1}, r"atol must be >= 0, got -1"),
+    ({"atol": NAN}, r"atol must be a finite number, got nan"),
+    ({"seed": 1.5}, r"seed must be an int, got float 1.5"),
+    ({"seed": True}, r"seed must be an int, got bool True"),
+    ({"seed": -1}, r"seed must be at least 0, got -1"),
+    ({"oracle": "float16"}, r"oracle must be None or one of 'float64', got 'float16'.*float64 "
+                            r"is the widest"),
+    ({"oracle": True}, r"oracle must be None or one of 'float64', got True"),
+    ({"arrays": [np.ones((4, 5))]}, r"arrays must be a dict, got list"),
+    ({"arrays": {"data": "ones"}}, r"arrays\['data'\] must hold numbers, got an array of dtype "
+                                   r"<U4"),
+    ({"arrays": {"data": [["a"] * 5] * 4}}, r"arrays\['data'\] must hold numbers"),
+    ({"arrays": {0: np.ones((4, 5))}}, r"arrays must be keyed by names \(str\), got key 0"),
+    ({"group2ctx": [mx.cpu(1)]}, r"group2ctx must be a dict, got list"),
+])
+def test_bad_options(cpus, options, message):
+    raises_and_changes_nothing(tofu_mx.InvalidArgumentError, message, mlp(), mlp(placed=True),
+                               cpus(2), **options, **SHAPES)
 
 
 def test_not_symbols(cpus):
-    with pytest.raises(tofu_mx.NotASymbolError, match="reference must be"):
-        tofu_mx.verify("mlp", mlp(placed=True), cpus(2), **SHAPES)
-    with pytest.raises(tofu_mx.NotASymbolError, match="candidate must be"):
-        tofu_mx.verify(mlp(), 42, cpus(2), **SHAPES)
+    raises_and_changes_nothing(tofu_mx.NotASymbolError, "reference must be", "mlp",
+                               mlp(placed=True), cpus(2), **SHAPES)
+    raises_and_changes_nothing(tofu_mx.NotASymbolError, "candidate must be", mlp(), 42,
+                               cpus(2), **SHAPES)
 
 
 def test_candidate_with_other_inputs(cpus):
-    other = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3, name="other")
-    with pytest.raises(tofu_mx.InvalidArgumentError,
-                       match=r"inputs differ.*missing \['fc1_weight'.*extra \['other_weight'"):
-        tofu_mx.verify(mlp(), mx.sym.SoftmaxOutput(other, name="softmax"), cpus(2), **SHAPES)
+    other = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3,
+                                                       name="other"), name="softmax")
+    raises_and_changes_nothing(
+        tofu_mx.InvalidArgumentError,
+        r"inputs differ.*missing \['fc1_weight'.*extra \['other_weight'", mlp(), other,
+        cpus(2), **SHAPES)
 
 
 def test_candidate_with_other_output_shape(cpus):
     ref = mx.sym.FullyConnected(mx.sym.var("x"), num_hidden=4, name="fc", flatten=False)
     cand = mx.sym.FullyConnected(mx.sym.var("x"), num_hidden=4, name="fc", flatten=True)
-    with pytest.raises(tofu_mx.InvalidArgumentError, match=r"output shapes \[\(2, 4\)\]"):
-        tofu_mx.verify(ref, cand, cpus(1), x=(2, 1, 3))
+    raises_and_changes_nothing(tofu_mx.InvalidArgumentError, r"output shapes \[\(2, 4\)\]",
+                               ref, cand, cpus(1), x=(2, 1, 3))
 
 
 def test_unknown_shape_name(cpus):
-    with pytest.raises(tofu_mx.UnknownInputError, match="did you mean 'data'"):
-        tofu_mx.verify(mlp(), mlp(placed=True), cpus(2), dat=(4, 5))
+    raises_and_changes_nothing(tofu_mx.UnknownInputError, "did you mean 'data'", mlp(),
+                               mlp(placed=True), cpus(2), dat=(4, 5))
+
+
+# --- a PartitionedSymbol made for something else ---------------------------------------------
+
+def partition(sym, ctx, **shapes):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return tofu_mx.partition(sym, ctx, **shapes)
+
+
+def test_partition_checked_when_right(cpus):
+    ptd = partition(mlp(), cpus(2), **SHAPES)
+    assert tofu_mx.verify(mlp(), ptd, cpus(2), **SHAPES).ok
+    assert tofu_mx.verify(mlp(), ptd, ptd.contexts, oracle="float64", **SHAPES).ok
+
+
+def with_extra_output():
+    net = mlp()
+    return mx.sym.Group([net, mx.sym.sum(net.get_internals()["fc1_output"], name="extra")])
+
+
+@pytest.mark.parametrize("partitioned, shapes, message", [
+    # the partition's batch is 8, verify's 4
+    (mlp, {"data": (8, 5), "softmax_label": (8,)},
+     r"made for other inputs than the reference and shapes given to verify\(\): input 'data' is "
+     r"\(8, 5\) float32 in the partition, \(4, 5\) float32 here; input 'softmax_label' is "
+     r"\(8,\) float32 in the partition, \(4,\) float32 here\. .*partition this reference with "
+     r"these shapes \(tofu_mx\.partition\(reference, ctx, data=\(4, 5\), "
+     r"softmax_label=\(4,\)\)\)"),
+    # a sigmoid where the reference has a ReLU: same inputs, other values
+    (lambda: mlp(relu_on_dev1="sigmoid"), SHAPES,
+     r"the operators differ \(7 in the partition's graph, 7 in the reference\); first: 'act1' "
+     r"Activation\(\{'act_type': 'sigmoid'\}\) reading \['halves'\] in the partition, 'act1' "
+     r"Activation\(\{'act_type': 'relu'\}\) .* in the reference"),
+    # another network
+    (lambda: mx.sym.SoftmaxOutput(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3,
+                                                        name="fc"), name="softmax"), SHAPES,
+     r"input 'fc1_weight' is not in the partition.*the partition has input 'fc_weight', the "
+     r"reference does not"),
+    # one more output
+    (with_extra_output, SHAPES,
+     r"the operators differ \(8 in the partition's graph, 7 in the reference\)"),
+])
+def test_partition_of_other_inputs(cpus, partitioned, shapes, message):
+    ptd = partition(partitioned(), cpus(2), **shapes)
+    raises_and_changes_nothing(tofu_mx.InvalidArgumentError, message, mlp(), ptd, cpus(2),
+                               **SHAPES)
+
+
+def test_partition_runs_on_its_own_devices(cpus):
+    ptd = partition(mlp(), cpus(2), **SHAPES)
+    raises_and_changes_nothing(
+        tofu_mx.ContextError,
+        r"ctx is \[cpu\(1\), cpu\(0\)\], but the PartitionedSymbol was partitioned for "
+        r"\[cpu\(0\), cpu\(1\)\], where verify\(\) runs it .* pass ctx=ptd.contexts, or "
+        r"partition the reference for \[cpu\(1\), cpu\(0\)\]",
+        mlp(), ptd, [mx.cpu(1), mx.cpu(0)], **SHAPES)
+    raises_and_changes_nothing(tofu_mx.ContextError, r"ctx is \[cpu\(0\), gpu\(0\)\], but",
+                               mlp(), ptd, [mx.cpu(0), mx.gpu(0)], **SHAPES)
+    raises_and_changes_nothing(tofu_mx.ContextError, r"group2ctx=\{'dev1': cpu\(2\)\} given "
+                               r"with a PartitionedSymbol.*leave group2ctx out", mlp(), ptd,
+                               cpus(2), group2ctx={"dev1": mx.cpu(2)}, **SHAPES)
+
+
+@pytest.mark.skipif(mx.context.num_gpus() > 0, reason="MXNet sees a GPU here")
+def test_gpu_mxnet_cannot_see_is_a_context_error(cpus):
+    mixed = [mx.cpu(0), mx.gpu(0)]
+    error = raises_and_changes_nothing(tofu_mx.ContextError,
+                                       r"cannot bind on gpu\(0\): MXNet sees 0 GPU", mlp(),
+                                       mlp(placed=True), mixed, **SHAPES)
+    assert "ctx group" not in str(error)
+    # a device named but not used by the candidate's groups is refused too, not ignored
+    raises_and_changes_nothing(tofu_mx.ContextError, r"cannot bind on gpu\(0\)", mlp(), mlp(),
+                               mixed, **SHAPES)
+    ptd = partition(mlp(), mixed, **SHAPES)     # planning needs no device
+    raises_and_changes_nothing(tofu_mx.ContextError, r"cannot bind on gpu\(0\)", mlp(), ptd,
+                               mixed, **SHAPES)
+
+
+def fc(placed=False, **attrs):
+    with mx.AttrScope(**({"ctx_group": "dev1"} if placed else {})):
+        return mx.sym.FullyConnected(mx.sym.var("data"), name="fc", **attrs)
+
+
+@pytest.mark.skipif(mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE"),
+                    reason="this MXNet has int64 tensor sizes")
+@pytest.mark.parametrize("shape, attrs, message", [
+    ((2 ** 16, 2 ** 15), {"num_hidden": 2}, r"tensor 'data' \(input\) has shape \(65536, 32768\)"),
+    ((2 ** 16, 4), {"num_hidden": 2 ** 15},
+     r"tensor 'fc' \(output 0 of FullyConnected\) has shape \(65536, 32768\)"),
+])
+def test_tensor_of_2_31_elements_is_refused_before_allocating(cpus, shape, attrs, message):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss    # KiB
+    raises_and_changes_nothing(
+        tofu_mx.InvalidArgumentError,
+        message + r": 2,147,483,648 elements, 2\*\*31 or more\. This MXNet \(1\.9\.1\) is built "
+                  r"without int64 tensor sizes .* use a smaller batch or input shape",
+        fc(**attrs), fc(placed=True, **attrs), cpus(2), data=shape)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 2 ** 20   # < 1 GiB
 
 
 def test_mkldnn_warning_when_enabled(cpus, monkeypatch):
