@@ -126,20 +126,23 @@ INT32_ELEMENTS = 2 ** 31 - 1
 
 def check_tensor_sizes(graph: Any, what: str) -> None:
     """Raise :class:`tofu_mx.InvalidArgumentError` before MXNet allocates a tensor of
-    ``graph`` (an ``nnvm_passes.ir.Graph``) too large for its int32 sizes (MXNet's own error
-    is a bare ``Exception``). Builds with ``INT64_TENSOR_SIZE`` have no such limit."""
+    ``graph`` (an ``nnvm_passes.ir.Graph``) too large for its int32 sizes: MXNet fails only
+    at bind or run time, with a bare ``Exception``. Checked on shapes, so nothing is
+    allocated. Builds with ``INT64_TENSOR_SIZE`` have no such limit. ``what`` names the
+    graph in the message ("the reference", "the partition over 4 devices")."""
     import mxnet as mx
     if mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE"):
         return
     for node in graph.nodes:
         for j, t in enumerate(node.outputs):
             if t.size > INT32_ELEMENTS:
-                name = node.name if node.is_variable else f"{node.name}:{j}"
+                which = "input" if node.is_variable else f"output {j} of {node.op}"
                 raise InvalidArgumentError(
-                    f"cannot {what}: tensor {name!r} of shape {t.shape} has {t.size:,} elements, "
-                    f"more than the {INT32_ELEMENTS:,} this MXNet build allows per tensor "
-                    f"(no INT64_TENSOR_SIZE); use a smaller batch or layer, or more devices so "
-                    f"that each shard is smaller")
+                    f"{what}'s tensor {node.name!r} ({which}) has shape {t.shape}: "
+                    f"{t.size:,} elements, 2**31 or more. This MXNet ({mx.__version__}) is "
+                    f"built without int64 tensor sizes (USE_INT64_TENSOR_SIZE, off in the pip "
+                    f"packages), so it cannot allocate or index such a tensor; use a smaller "
+                    f"batch or input shape, or more devices so that each shard is smaller")
 
 
 def input_file(path: Any, what: str, error: type = InvalidArgumentError) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 import mxnet as mx
 
 from nnvm_passes.importer import symbol_json
-from tofu_mx.arguments import is_int
+from tofu_mx.arguments import is_int, show
 from tofu_mx.errors import InvalidArgumentError, mxnet_message
 
 
@@ -49,7 +49,11 @@ def check_writable(path: str, what: str) -> str:
     folder, not a device or pipe (which a rename would replace), in an existing folder where
     new files may be created. Else :class:`tofu_mx.InvalidArgumentError` naming ``what``
     (``"--json"``), the path and what to change. Checked before a long computation, so that
-    its result is not lost; writing can still fail later (a full disk)."""
+    its result is not lost; writing can still fail later (a full disk). ``os.PathLike`` is
+    accepted; the path is returned as ``str``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"{what} must be a path (str), got {type(path).__name__} "
+                                   f"{show(path)}; e.g. 'model.params'")
     path = os.fspath(path)
     if not path:
         raise InvalidArgumentError(f"{what} is empty; give the path of a file to write")

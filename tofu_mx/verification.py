@@ -69,8 +69,6 @@ ORACLES = ("float64",)
 #: Oracle mode: float rounding's error on a tensor at or above this fraction of its largest
 #: value leaves it under one significant digit: a difference there is no evidence of a bug.
 NOISE_LEVEL = 0.1
-#: Tensors of this many elements or more need MXNet built with int64 tensor sizes.
-INT32_ELEMENTS = 2 ** 31
 
 
 @dataclass(frozen=True)
@@ -392,30 +390,13 @@ def _check_partition(partitioned: Any, reference: mx.sym.Symbol, ref_graph: Grap
             f"groups itself (ptd.group2ctx); leave group2ctx out")
 
 
-def _check_tensor_sizes(graph: Graph, what: str) -> None:
-    """Without int64 tensor sizes, MXNet cannot hold a tensor of 2**31 elements or more; it
-    fails only at bind or run time, with a bare error. Checked on shapes, before allocating."""
-    if mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE"):
-        return
-    for node in graph.nodes:
-        for i, t in enumerate(node.outputs):
-            if t.size >= INT32_ELEMENTS:
-                which = "input" if node.is_variable else f"output {i} of {node.op}"
-                raise InvalidArgumentError(
-                    f"the {what}'s tensor {node.name!r} ({which}) has shape {t.shape}: "
-                    f"{t.size:,} elements, 2**31 or more. This MXNet ({mx.__version__}) is "
-                    f"built without int64 tensor sizes (USE_INT64_TENSOR_SIZE, off in the pip "
-                    f"packages), so it cannot allocate or index such a tensor; use a smaller "
-                    f"batch or input shape so that every tensor has fewer than 2**31 elements")
-
-
 def _graphs(reference: mx.sym.Symbol, candidate: Any, sharded: Any, ctx: list[mx.Context],
             group2ctx: Mapping[str, Any], dtypes: Mapping[str, Any] | None,
             shapes: Mapping[str, Any]) -> tuple[Graph, Graph, dict[str, mx.Context]]:
     """The reference's and the candidate's graphs (Dropout made the identity), checked
     against each other, and where the candidate's groups go; nothing allocated yet."""
     ref_graph = import_graph(reference, dtypes=dtypes, **shapes)
-    _check_tensor_sizes(ref_graph, "reference")
+    arguments.check_tensor_sizes(ref_graph, "the reference")
     if sharded is not None:
         _check_partition(sharded, reference, ref_graph, ctx, group2ctx, shapes)
     candidate, group2ctx = _unpack_candidate(candidate, group2ctx)
@@ -426,7 +407,7 @@ def _graphs(reference: mx.sym.Symbol, candidate: Any, sharded: Any, ctx: list[mx
         _check_shapes(ref_graph, cand_graph)
     else:
         cand_graph = disable_dropout(_shard_graph(sharded), _random)
-    _check_tensor_sizes(cand_graph, "candidate")
+    arguments.check_tensor_sizes(cand_graph, "the candidate")
     placement = resolve_group2ctx(_groups(cand_graph), ctx, group2ctx)
     check_available(list(dict.fromkeys([*ctx, *placement.values()])))  # all that was named
     warn_if_mkldnn_across_cpus([ctx[0], *placement.values()])

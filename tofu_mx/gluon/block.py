@@ -13,7 +13,6 @@ never changed; it stays on its own devices with its own values.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Sequence
 
 import mxnet as mx
@@ -302,7 +301,7 @@ class PartitionedBlock(gluon.Block):
         """Write every parameter and auxiliary state, whole, under the block's structural
         names: ``block.load_parameters(path)`` reads it (as ``block.save_parameters`` wrote
         it), at any device count. The file is written atomically."""
-        path = _output_path(path, "the parameter file")
+        path = check_writable(path, "the parameter file")
         mx.nd.waitall()     # a pending autograd backward pass (see _set_inputs)
         wholes = self.partitioned.merge_arrays(self._arrays, ("param", "aux"))
         blob = {}
@@ -451,14 +450,6 @@ class PartitionedBlock(gluon.Block):
     def __repr__(self) -> str:
         return (f"PartitionedBlock({self.source.name} over {len(self.partitioned.contexts)} "
                 f"devices, {len(self._shards_of)} variables)")
-
-
-def _output_path(path: Any, what: str) -> str:
-    """A path :func:`~tofu_mx.files.atomic_write` can write (``os.PathLike`` accepted)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise InvalidArgumentError(f"{what} must be a path (str), got {type(path).__name__} "
-                                   f"{show(path)}; e.g. 'model.params'")
-    return check_writable(os.fspath(path), what)
 
 
 def _grad_req(p: gluon.Parameter) -> str:

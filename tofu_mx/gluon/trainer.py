@@ -23,8 +23,8 @@ import numpy as np
 
 from tofu_mx import arguments
 from tofu_mx.errors import CheckpointError, InvalidArgumentError
-from tofu_mx.files import atomic_write_bytes
-from tofu_mx.gluon.block import PartitionedBlock, _output_path
+from tofu_mx.files import atomic_write_bytes, check_writable
+from tofu_mx.gluon.block import PartitionedBlock
 
 
 class Trainer:
@@ -122,7 +122,7 @@ class Trainer:
     def save_states(self, path: str) -> None:
         """Write the optimizer and its states, whole, as ``gluon.Trainer.save_states`` does for
         the unpartitioned block (atomically)."""
-        path = _output_path(path, "the trainer states file")
+        path = check_writable(path, "the trainer states file")
         mx.nd.waitall()
         groups: dict[int, list[int]] = {}
         for i, (s, _, _) in enumerate(self._shards):

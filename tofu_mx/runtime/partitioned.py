@@ -101,7 +101,7 @@ class PartitionedSymbol:
         types = {s.name: s.dtype for s in self._arg_shards()}
         warn_if_mkldnn_across_cpus(self.contexts)
         check_available(self.contexts)
-        arguments.check_tensor_sizes(self.shard_graph, "bind the partitioned graph")
+        arguments.check_tensor_sizes(self.shard_graph, "the partitioned graph")
         exe = self.symbol.simple_bind(ctx=self.contexts[0], grad_req=grad_req,
                                       type_dict=types, group2ctx=self.group2ctx,
                                       **shapes, **kwargs)
@@ -458,7 +458,8 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
     result = rewrite(graph, assignment, ordered)
     ptd = PartitionedSymbol(symbol, graph, plan, assignment, result, list(contexts))
     _check_rewrite(ptd)
-    arguments.check_tensor_sizes(ptd.shard_graph, f"partition over {len(contexts)} device(s)")
+    arguments.check_tensor_sizes(ptd.shard_graph,
+                               f"the partition over {len(contexts)} device(s)")
     whole = [f"{ptd.graph.nodes[i].name}: {why}" for i, why in assignment.fallbacks.items()]
     if whole:
         warnings.warn(f"{len(whole)} operator(s) run whole instead of split (see "
