@@ -91,7 +91,7 @@ def gap_rows_of(name, sym, shapes):
     graph = import_symbol(sym, **shapes)
     rows = []
     for parts in (2, 3):
-        problem = Cut(graph, View.of(graph), parts).problem()
+        problem = Cut(graph, View.of(graph), parts).problem().problem
         dp = solve_dp(problem)
         ilp, seconds, status = solve_ilp(problem, time_limit=60)
         gap = "-" if ilp is None else f"{100 * (dp.cost - ilp.cost) / max(ilp.cost, 1):.3f}%"
@@ -150,7 +150,7 @@ def main():
         with mx.name.NameManager():
             sym = vision.get_model(name)(mx.sym.var("data"))
         graph = import_symbol(sym, data=(48, 3, size, size))
-        problem = Cut(graph, View.of(graph), 2).problem()
+        problem = Cut(graph, View.of(graph), 2).problem().problem
         sol = solve_dp(problem)
         zoo_rows.append((name, len(graph.operators()), len(problem.names), sol.max_frontier,
                          sol.max_states))

@@ -26,6 +26,7 @@ from typing import Sequence
 import tofu_mx.ops  # noqa: F401  (registers the built-in descriptions)
 from nnvm_passes.ir import FrozenDict, Graph
 from tofu_mx.errors import InvalidArgumentError, TofuError
+from tofu_mx.search.layouts import OpStrategy, StoredLayout
 from tofu_mx.search.plan import Plan
 from tofu_mx.tdl.analysis import pad_values, work_regions
 from tofu_mx.tdl.annotate import described
@@ -91,12 +92,12 @@ def whole(shape: Sequence[int]) -> Box:
     return tuple((0, n - 1) for n in shape)
 
 
-def stored_box(shape: Sequence[int], layouts: Sequence[str], factors: Sequence[int],
+def stored_box(shape: Sequence[int], layouts: Sequence[StoredLayout], factors: Sequence[int],
                parts: Sequence[int]) -> Box:
     box = whole(shape)
     for layout, p, part in zip(layouts, factors, parts):
-        if layout.startswith("split("):
-            box = narrow(box, int(layout[6:-1]), p, part)
+        if not layout.replicated:
+            box = narrow(box, layout.axis, p, part)
     return box
 
 
@@ -131,11 +132,6 @@ def assign(graph: Graph, plan: Plan) -> Assignment:
     return Assignment(k, ops, stored)
 
 
-def _parse(strategy: str) -> tuple[str, str]:
-    verb, _, var = strategy.partition(" ")
-    return verb, var
-
-
 def _whole_op(graph: Graph, i: int, k: int, reason: str | None, loss: bool) -> OpAssignment:
     node = graph.nodes[i]
     ins = tuple(whole(graph.tensor(e).shape) for e in node.inputs)
@@ -152,7 +148,7 @@ def _on_one_device(graph: Graph, i: int, k: int, loss: bool) -> OpAssignment:
     return OpAssignment((share,) + (None,) * (k - 1), reason, loss)
 
 
-def _assign_op(graph: Graph, i: int, strategies: Sequence[str], factors: Sequence[int],
+def _assign_op(graph: Graph, i: int, strategies: Sequence[OpStrategy], factors: Sequence[int],
                parts: list[tuple[int, ...]], read: set[int]) -> OpAssignment:
     node = graph.nodes[i]
     k = len(parts)
@@ -160,7 +156,7 @@ def _assign_op(graph: Graph, i: int, strategies: Sequence[str], factors: Sequenc
     out_shapes = [t.shape for t in node.outputs]
     entry = lookup(node.op, node.params)
     loss = facts(node.op, node.params).loss
-    levels = [_parse(s) for s in strategies]
+    levels = [(s.kind, s.var) for s in strategies]
     if any(verb == "whole" for verb, _ in levels):
         return _on_one_device(graph, i, k, loss)
     if all(verb == "replicate" for verb, _ in levels):

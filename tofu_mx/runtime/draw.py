@@ -345,7 +345,7 @@ def picture(ptd: PartitionedSymbol, coarsen: bool | None = None,
              for m in group}
     owner.update({i: f"var{i}" for i, n in enumerate(graph.nodes) if n.is_variable})
     edges, variable_bytes, inner_bytes = _edges(graph, traffic, owner, coarsen)
-    strategies = {o.name: o.strategies for o in ptd.plan.ops}
+    strategies = {o.name: tuple(map(str, o.strategies)) for o in ptd.plan.ops}
     nodes = [_group_node(graph, owner[group[0]], group, coarsen, traffic, strategies,
                          ptd.fallbacks, opaque, variable_bytes, inner_bytes)
              for group in members]

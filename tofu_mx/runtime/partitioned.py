@@ -365,7 +365,7 @@ def _check_operators(graph: Graph, plan: Plan, k: int, strict: bool) -> None:
             f"{', '.join(stuck[:5])}{' ...' if len(stuck) > 5 else ''}. Describe them with "
             f"@tofu_mx.tdl.op(...), register tofu_mx.tdl.opaque(name, reason, batch_axes=...), "
             f"or pass strict=False to run each whole on one device")
-    if not any(layout.startswith("split") for t in plan.tensors for layout in t.layouts):
+    if not any(not layout.replicated for t in plan.tensors for layout in t.layouts):
         shapes = sorted({t.shape for t in plan.tensors if t.kind in ("data", "param")},
                         key=lambda s: -int(np.prod(s)))[:4]
         raise InvalidArgumentError(

@@ -18,7 +18,7 @@ import numpy as np
 
 from nnvm_passes.ir import Graph
 from tofu_mx.errors import InvalidArgumentError
-from tofu_mx.search.cut import Cut
+from tofu_mx.search.cut import Cut, CutProblem, Group
 from tofu_mx.search.dp import Solution, solve_dp
 from tofu_mx.search.plan import Plan, SearchOptions, plan_graph
 from tofu_mx.search.problem import Problem
@@ -27,29 +27,29 @@ from tofu_mx.tdl.analysis import Layout
 _EXCLUDED = 1e30
 
 
-def _restricted(cut: Cut, problem: Problem, allowed: Callable[[Cut, int, int], bool]) -> Problem:
+Rule = Callable[[Cut, CutProblem, int, int], bool]   # (cut, its problem, slot, choice) -> allowed
+
+
+def _restricted(cut: Cut, problem: CutProblem, allowed: Rule) -> Problem:
     unary = []
-    for slot, cost in enumerate(problem.unary):
-        keep = np.array([allowed(cut, slot, c) for c in range(len(cost))])
+    for slot, cost in enumerate(problem.problem.unary):
+        keep = np.array([allowed(cut, problem, slot, c) for c in range(len(cost))])
         unary.append(cost if not keep.any() else np.where(keep, cost, _EXCLUDED))
-    return Problem(problem.names, problem.choices, tuple(unary), problem.edges)
+    return Problem(problem.problem.names, problem.problem.choices, tuple(unary),
+                   problem.problem.edges)
 
 
-def _batch_split(cut: Cut, slot: int, choice: int) -> bool:
-    _, kind, obj = cut.order[slot]
-    if kind == "var":
+def _batch_split(cut: Cut, problem: CutProblem, slot: int, choice: int) -> bool:
+    obj = problem.slots[slot]
+    if not isinstance(obj, Group):
         return True
     strategy = cut.strats[obj.copies[0][0]][obj.choices[choice][0]]
     return strategy.kind == "output" and strategy.output_layouts[0] == Layout("split", 0)
 
 
-def _stored_on(axis: int) -> Callable[[Cut, int, int], bool]:
-    def rule(cut: Cut, slot: int, choice: int) -> bool:
-        _, kind, obj = cut.order[slot]
-        if kind == "var":
-            return cut.var_layouts[obj][choice] == ("split", axis)
-        leader = obj.copies[0][0]
-        return cut.resolved[slot][choice][leader][1][0] == ("split", axis)
+def _stored_on(axis: int) -> Rule:
+    def rule(cut: Cut, problem: CutProblem, slot: int, choice: int) -> bool:
+        return problem.stored_output(slot, choice) == ("split", axis)
     return rule
 
 
@@ -67,10 +67,10 @@ def solve_greedy(problem: Problem) -> Solution:
     return Solution(problem.cost(x), tuple(x), 1, 1)
 
 
-def _dp_under(rule):
-    def choose(cut: Cut, problem: Problem) -> Solution:
+def _dp_under(rule: Rule):
+    def choose(cut: Cut, problem: CutProblem) -> Solution:
         solution = solve_dp(_restricted(cut, problem, rule))
-        return Solution(problem.cost(solution.assignment), solution.assignment,
+        return Solution(problem.problem.cost(solution.assignment), solution.assignment,
                         solution.max_frontier, solution.max_states)
     return choose
 
@@ -79,9 +79,9 @@ def forced(strategies: dict[str, str]):
     """A chooser (for :func:`~tofu_mx.search.plan.plan_graph`'s ``choose``) that gives the
     named operators the named strategy (``{"conv0": "split x0"}``) wherever they have it,
     and everything else its best choice: for tests that need a particular plan."""
-    def rule(cut: Cut, slot: int, choice: int) -> bool:
-        _, kind, obj = cut.order[slot]
-        if kind == "var":
+    def rule(cut: Cut, problem: CutProblem, slot: int, choice: int) -> bool:
+        obj = problem.slots[slot]
+        if not isinstance(obj, Group):
             return True
         leader = obj.copies[0][0]
         want = strategies.get(cut.graph.nodes[leader].name)
@@ -93,7 +93,7 @@ POLICIES = {
     "data_parallel": _dp_under(_batch_split),
     "row": _dp_under(_stored_on(0)),
     "column": _dp_under(_stored_on(1)),
-    "greedy": lambda cut, problem: solve_greedy(problem),
+    "greedy": lambda cut, problem: solve_greedy(problem.problem),
 }
 
 

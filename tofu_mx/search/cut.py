@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -306,39 +306,33 @@ class Cut:
         return options[0]
 
     # --- the problem ------------------------------------------------------------------------
-    def problem(self) -> Problem:
-        nodes: list[tuple[int, str, object]] = []   # (position, kind, group or variable)
-        nodes += [(g.first, "group", g) for g in self.groups]
-        nodes += [(v, "var", v) for v in self.variables]
+    def problem(self) -> "CutProblem":
+        """The labelling problem of this cut: one node per group and per variable, in graph
+        order, with the bytes each choice moves (and, with a memory weight, what it keeps)."""
+        nodes: list[tuple[int, Group | int]] = [(g.first, g) for g in self.groups]
+        nodes += [(v, v) for v in self.variables]
         nodes.sort(key=lambda t: t[0])
-        self.order = nodes
-        slot = {}
-        for k, (_, kind, obj) in enumerate(nodes):
-            if kind == "group":
-                for copy in obj.copies:
-                    for m in copy:
-                        slot[m] = k
-            else:
-                slot[obj] = k
-        self.slot = slot
-        names, choices, unary = [], [], []
-        resolved: list[list[dict] | None] = []
-        for _, kind, obj in nodes:
-            if kind == "group":
+        slots = tuple(obj for _, obj in nodes)
+        slot_of: dict[int, int] = {}
+        for k, obj in enumerate(slots):
+            members = [m for copy in obj.copies for m in copy] if isinstance(obj, Group) else [obj]
+            slot_of.update((m, k) for m in members)
+        names, choices, unary, resolved = [], [], [], []
+        for obj in slots:
+            if isinstance(obj, Group):
                 names.append(self.graph.nodes[obj.copies[0][0]].name)
                 choices.append(obj.labels)
-                rs = [self.resolve(obj, c) for c in range(len(obj.choices))]
+                rs = tuple(self.resolve(obj, c) for c in range(len(obj.choices)))
                 resolved.append(rs)
                 unary.append(np.array([self._producer_cost(r) for r in rs], dtype=np.float64))
             else:
                 names.append(self.graph.nodes[obj].name)
                 choices.append([layout_name(x) for x in self.var_layouts[obj]])
-                resolved.append(None)
+                resolved.append(tuple(self.var_layouts[obj]))
                 unary.append(np.zeros(len(self.var_layouts[obj])))
-        self.resolved = resolved
         edges, seen = [], set()
-        for k, (_, kind, obj) in enumerate(nodes):
-            if kind != "group":
+        for k, obj in enumerate(slots):
+            if not isinstance(obj, Group):
                 continue
             for copy in obj.copies:
                 for m in copy:
@@ -346,32 +340,30 @@ class Cut:
                         # Tied copies (RNN steps) reading the same tensor in the same region
                         # share one fetched copy, and sum their gradients before reducing it.
                         key = (k, entry.node, entry.index, self.view.op_in[m][j],
-                               tuple(r[m][0].inputs[j] for r in self.resolved[k]))
+                               tuple(r[m][0].inputs[j] for r in resolved[k]))
                         if key not in seen:
                             seen.add(key)
-                            edges.append(self._edge(k, m, j, entry))
-        self.bytes_problem = make_problem(names, choices, unary, [e[:3] for e in edges])
-        if not self.memory_weight:
-            return self.bytes_problem
-        return make_problem(names, choices, unary,
-                            [(u, v, b + self.memory_weight * kept) for u, v, b, kept in edges])
+                            edges.append(self._edge(k, m, j, entry, slot_of, resolved))
+        bytes_problem = make_problem(names, choices, unary, [e[:3] for e in edges])
+        weighted = bytes_problem if not self.memory_weight else make_problem(
+            names, choices, unary,
+            [(u, v, b + self.memory_weight * kept) for u, v, b, kept in edges])
+        return CutProblem(weighted, bytes_problem, slots, slot_of, tuple(resolved))
 
-    def _layouts_of(self, slot: int, tensor_node: int, out: int) -> list[StoreLayout]:
-        kind = self.order[slot][1]
-        if kind == "var":
-            return self.var_layouts[tensor_node]
-        return [r[tensor_node][1][out] for r in self.resolved[slot]]
-
-    def _edge(self, k: int, member: int, j: int, entry):
+    def _edge(self, k: int, member: int, j: int, entry, slot_of: dict[int, int],
+              resolved: list):
         """``(source slot, slot, bytes moved, bytes of converted copies the backward pass
         keeps)``, each matrix indexed by the source's and this slot's choices."""
-        src_slot = self.slot[entry.node]
+        src_slot = slot_of[entry.node]
         tensor = self.graph.nodes[entry.node].outputs[entry.index]
         grad = self.needs_grad[(entry.node, entry.index)]
         shape = self.view.op_in[member][j]
         itemsize = np.dtype(tensor.dtype).itemsize
-        src_layouts = self._layouts_of(src_slot, entry.node, entry.index)
-        needs = [r[member][0].inputs[j] for r in self.resolved[k]]
+        if self.graph.nodes[entry.node].is_variable:
+            src_layouts = resolved[src_slot]
+        else:
+            src_layouts = [r[entry.node][1][entry.index] for r in resolved[src_slot]]
+        needs = [r[member][0].inputs[j] for r in resolved[k]]
         kept = self.memory_weight and self._keeps_input(member, j)
         if src_slot == k:   # inside the group: both ends move together
             cost = [_consumer(src_layouts[c], shape, needs[c], itemsize, grad)
@@ -405,6 +397,39 @@ class Cut:
                                    s.output_layouts[j].kind == "partial",
                                    np.dtype(tensor.dtype).itemsize, self.needs_grad[(m, j)])
         return float(total)
+
+
+@dataclass(frozen=True)
+class CutProblem:
+    """One cut's search problem, and how to read a solution of it."""
+
+    problem: Problem                  # what the search minimises (bytes + weighted memory)
+    bytes_problem: Problem            # the same choices, costed in bytes moved alone
+    slots: tuple                      # problem node -> its Group, or a variable's node index
+    slot_of: Mapping[int, int]        # graph node -> problem node
+    resolved: tuple                   # problem node -> per choice: a group's
+    #                                   {member: (Strategy, stored layouts)}, a variable's layout
+
+    def members(self, assignment: Sequence[int]) -> dict[int, tuple[Strategy, tuple]]:
+        """Every operator's strategy and stored output layouts under ``assignment``."""
+        found = {}
+        for slot, obj in enumerate(self.slots):
+            if isinstance(obj, Group):
+                found.update(self.resolved[slot][assignment[slot]])
+        return found
+
+    def var_layouts(self, assignment: Sequence[int]) -> dict[int, StoreLayout]:
+        """Every variable's stored layout under ``assignment``."""
+        return {obj: self.resolved[slot][assignment[slot]]
+                for slot, obj in enumerate(self.slots) if not isinstance(obj, Group)}
+
+    def stored_output(self, slot: int, choice: int) -> StoreLayout:
+        """The stored layout of the slot's first tensor (a group leader's output 0, or the
+        variable) under ``choice``."""
+        obj = self.slots[slot]
+        if isinstance(obj, Group):
+            return self.resolved[slot][choice][obj.copies[0][0]][1][0]
+        return self.resolved[slot][choice]
 
 
 @functools.lru_cache(maxsize=1 << 18)
@@ -469,5 +494,5 @@ def _box_shape(regions, fallback: Shape) -> Shape:
     return tuple(max(b[a][1] - b[a][0] + 1 for b in boxes) for a in range(len(fallback)))
 
 
-__all__ = ["Cut", "Group", "REPLICATED", "View", "layout_name", "next_view", "op_strategies",
+__all__ = ["Cut", "CutProblem", "Group", "REPLICATED", "View", "layout_name", "next_view", "op_strategies",
            "replicate_strategy", "store_layouts", "needs_grad_of"]

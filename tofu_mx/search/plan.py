@@ -25,8 +25,9 @@ from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.ir import Graph
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
-from tofu_mx.search.cut import Cut, View, layout_name, needs_grad_of, next_view
+from tofu_mx.search.cut import Cut, CutProblem, View, needs_grad_of, next_view
 from tofu_mx.search.dp import Solution, solve_dp
+from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph
 from tofu_mx.tdl.registry import Description, lookup
@@ -101,8 +102,8 @@ class TensorPlan:
     kind: str                   # data | label | param | aux | activation
     shape: tuple[int, ...]
     dtype: str
-    layouts: tuple[str, ...]    # stored layout at each level
-    shard: tuple[int, ...]      # what one device stores
+    layouts: tuple[StoredLayout, ...]   # stored layout at each level
+    shard: tuple[int, ...]              # what one device stores
 
     @property
     def shard_bytes(self) -> int:
@@ -113,7 +114,7 @@ class TensorPlan:
 class OpPlan:
     name: str
     op: str
-    strategies: tuple[str, ...]  # chosen at each level
+    strategies: tuple[OpStrategy, ...]  # chosen at each level
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class Plan:
     tensors: tuple[TensorPlan, ...]
     ops: tuple[OpPlan, ...]
     memory: tuple[Memory, ...]            # one per device
-    opaque: tuple[str, ...]               # "name (op): reason" of ops without a description
+    opaque: tuple[OpaqueOp, ...]          # operators without a description, or opaque ones
     coarsening: Mapping[str, int] = field(default_factory=dict)
     fingerprint: str = ""                 # graph_fingerprint() of the graph it was made for
 
@@ -158,7 +159,15 @@ class Plan:
 
     # --- plain data -------------------------------------------------------------------------
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """The plan as JSON: layouts and strategies as their text (``split(1)``,
+        ``reduce ci``), opaque operators as ``[name, op, reason]``."""
+        d = asdict(self)
+        d["tensors"] = [dict(x, layouts=[str(l) for l in t.layouts])
+                        for x, t in zip(d["tensors"], self.tensors)]
+        d["ops"] = [dict(x, strategies=[str(s) for s in o.strategies])
+                    for x, o in zip(d["ops"], self.ops)]
+        d["opaque"] = [[o.name, o.op, o.reason] for o in self.opaque]
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @staticmethod
     def from_json(text: str | bytes) -> "Plan":
@@ -176,12 +185,14 @@ class Plan:
         readers = {
             "num_devices": lambda x: x, "factors": tuple,
             "levels": lambda xs: tuple(Level(**x) for x in xs),
-            "tensors": lambda xs: tuple(TensorPlan(x["name"], x["kind"], tuple(x["shape"]),
-                                                   x["dtype"], tuple(x["layouts"]),
-                                                   tuple(x["shard"])) for x in xs),
-            "ops": lambda xs: tuple(OpPlan(x["name"], x["op"], tuple(x["strategies"]))
+            "tensors": lambda xs: tuple(TensorPlan(
+                x["name"], x["kind"], tuple(x["shape"]), x["dtype"],
+                tuple(map(StoredLayout.parse, x["layouts"])), tuple(x["shard"])) for x in xs),
+            "ops": lambda xs: tuple(OpPlan(x["name"], x["op"],
+                                           tuple(map(OpStrategy.parse, x["strategies"])))
                                     for x in xs),
-            "memory": lambda xs: tuple(Memory(**x) for x in xs), "opaque": tuple,
+            "memory": lambda xs: tuple(Memory(**x) for x in xs),
+            "opaque": lambda xs: tuple(_opaque_entry(x) for x in xs),
             "coarsening": dict}
         fields = {}
         for key, read in readers.items():
@@ -190,6 +201,8 @@ class Plan:
                                            f"text Plan.to_json() wrote (tofu-mx plan --json)")
             try:
                 fields[key] = read(d[key])
+            except InvalidArgumentError as e:
+                raise InvalidArgumentError(f"the plan's field {key!r}: {e}") from e
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise InvalidArgumentError(
                     f"the plan's field {key!r} has the wrong structure ({type(e).__name__}: "
@@ -219,11 +232,12 @@ class Plan:
                          f"inputs {format_bytes(m.inputs)}: {format_bytes(m.total)}")
             lines.append("    (not the converted copies a gradient reads: "
                          "PartitionedSymbol.memory_per_device() counts those)")
-        lines.append(f"  opaque operators: {', '.join(self.opaque) if self.opaque else 'none'}")
+        lines.append(f"  opaque operators: "
+                     f"{', '.join(map(str, self.opaque)) if self.opaque else 'none'}")
         lines.append("  tensors (largest first):")
         for t in sorted(self.tensors, key=lambda t: (-t.shard_bytes, t.name))[:max_rows]:
             lines.append(f"    {t.name:<40} {t.kind:<10} {str(t.shape):<22} "
-                         f"{' > '.join(t.layouts):<30} shard {t.shard}")
+                         f"{' > '.join(map(str, t.layouts)):<30} shard {t.shard}")
         if len(self.tensors) > max_rows:
             lines.append(f"    ... {len(self.tensors) - max_rows} more")
         return "\n".join(lines)
@@ -244,20 +258,18 @@ def _check_types(plan: Plan) -> None:
         ints([lv.parts, lv.groups, lv.problem_nodes, lv.max_frontier, lv.max_states],
              "level counts")
     for t in plan.tensors:
-        strings([t.name, t.kind, t.dtype, *t.layouts], f"tensor {t.name!r} fields")
+        strings([t.name, t.kind, t.dtype], f"tensor {t.name!r} fields")
         ints(t.shape + t.shard, f"tensor {t.name!r} shape and shard")
     for o in plan.ops:
-        strings([o.name, o.op, *o.strategies], f"operator {o.name!r} fields")
-    strings(plan.opaque, "opaque list")
+        strings([o.name, o.op], f"operator {o.name!r} fields")
+    for o in plan.opaque:
+        strings([o.name, o.op, o.reason], "opaque operator's fields")
     strings([plan.fingerprint], "fingerprint")
     if plan.num_devices < 1 or any(f < 2 for f in plan.factors) or \
             math.prod(plan.factors) != plan.num_devices:
         raise InvalidArgumentError(f"the plan's cuts {list(plan.factors)} do not multiply to its "
                                    f"num_devices {plan.num_devices} (each cut has 2 or more "
                                    f"parts); give the text Plan.to_json() wrote, unedited there")
-
-
-_STRATEGY_VERBS = ("split", "reduce", "replicate", "whole")
 
 
 def graph_fingerprint(graph: Graph) -> str:
@@ -304,27 +316,28 @@ def check_plan(plan: Plan, graph: Graph, num_devices: int | None = None) -> None
         if tuple(t.shape) != info.shape or t.dtype != info.dtype:
             raise bad(f"tensor {name!r} is {t.shape} {t.dtype} in the plan, {info.shape} "
                       f"{info.dtype} in the graph")
-        if len(t.layouts) != len(plan.factors):
-            raise bad(f"tensor {name!r} has {len(t.layouts)} layouts for {len(plan.factors)} cuts")
+        if len(t.layouts) != len(plan.factors) or \
+                not all(isinstance(l, StoredLayout) for l in t.layouts):
+            raise bad(f"tensor {name!r} has layouts {list(map(str, t.layouts))}: one "
+                      f"StoredLayout per cut ({len(plan.factors)})")
         shard = list(info.shape)
         for layout, p in zip(t.layouts, plan.factors):
-            if layout == "replicated":
+            if layout.replicated:
                 continue
-            axis = layout[6:-1] if layout.startswith("split(") and layout.endswith(")") else ""
-            if not axis.isdigit() or int(axis) >= len(shard) or shard[int(axis)] % p:
-                raise bad(f"tensor {name!r} {info.shape} has layout {layout!r}, which is not "
+            if not 0 <= layout.axis < len(shard) or shard[layout.axis] % p:
+                raise bad(f"tensor {name!r} {info.shape} has layout '{layout}', which is not "
                           f"'replicated' or 'split(axis)' with the axis divisible by {p}")
-            shard[int(axis)] //= p
+            shard[layout.axis] //= p
         if tuple(t.shard) != tuple(shard):
             raise bad(f"tensor {name!r} has shard {t.shard}, its layouts give {tuple(shard)}")
     ops = [(n.name, n.op) for n in graph.operators()]
     if [(o.name, o.op) for o in plan.ops] != ops:
         raise bad("its operators are not the graph's")
     for o in plan.ops:
-        verbs = [s.partition(" ")[0] for s in o.strategies]
-        if len(verbs) != len(plan.factors) or any(v not in _STRATEGY_VERBS for v in verbs):
-            raise bad(f"operator {o.name!r} has strategies {list(o.strategies)}: one per cut "
-                      f"({len(plan.factors)}), each {' / '.join(_STRATEGY_VERBS)}")
+        if len(o.strategies) != len(plan.factors) or \
+                not all(isinstance(s, OpStrategy) for s in o.strategies):
+            raise bad(f"operator {o.name!r} has strategies {list(map(str, o.strategies))}: one "
+                      f"OpStrategy per cut ({len(plan.factors)})")
     if plan.fingerprint and plan.fingerprint != graph_fingerprint(graph):
         raise bad("it was made for another graph (operator attributes or edges differ) (fingerprint "
                   f"{plan.fingerprint}, this graph's is {graph_fingerprint(graph)})")
@@ -369,36 +382,34 @@ def _distinct_orders(items: list[int]):
             yield (first,) + rest
 
 
-@dataclass
+@dataclass(frozen=True)
 class _LevelResult:
     cut: Cut
+    problem: CutProblem
     solution: Solution
-    members: dict      # op index -> (strategy, stored layouts)
-    var_layout: dict   # variable index -> layout
+    members: Mapping      # op index -> (strategy, stored layouts)
+    var_layout: Mapping   # variable index -> layout
 
 
 def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
                  choose=None, grads=None) -> _LevelResult:
+    """One cut's search. ``choose(cut, cut_problem) -> Solution`` replaces the DP (the
+    baselines, tests that force a strategy)."""
     cut = Cut(graph, view, parts, tie=options.tie, needs_grad=grads,
               memory_weight=options.memory_weight)
     problem = cut.problem()
-    progress = _progress_bar(len(problem.names), options, f"{parts}-way cut")
+    progress = _progress_bar(len(problem.problem.names), options, f"{parts}-way cut")
     try:
         if choose is None:
-            solution = solve_dp(problem, options.max_states, progress.update if progress else None)
+            solution = solve_dp(problem.problem, options.max_states,
+                                progress.update if progress else None)
         else:
             solution = choose(cut, problem)
     finally:
         if progress is not None:
             progress.close()
-    members, var_layout = {}, {}
-    for slot, (_, kind, obj) in enumerate(cut.order):
-        choice = solution.assignment[slot]
-        if kind == "group":
-            members.update(cut.resolved[slot][choice])
-        else:
-            var_layout[obj] = cut.var_layouts[obj][choice]
-    return _LevelResult(cut, solution, members, var_layout)
+    return _LevelResult(cut, problem, solution, problem.members(solution.assignment),
+                        problem.var_layouts(solution.assignment))
 
 
 def _progress_bar(total: int, options: SearchOptions, what: str):
@@ -431,7 +442,7 @@ def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan
             shard, layouts = list(info.shape), []
             for r in results:
                 layout = r.var_layout[i] if node.is_variable else r.members[i][1][k]
-                layouts.append(layout_name(layout))
+                layouts.append(StoredLayout.of(layout))
                 if layout[0] == "split":
                     shard[layout[1]] //= r.cut.parts
             kind = node.kind if node.is_variable else "activation"
@@ -483,7 +494,7 @@ def _check_budget(plan: Plan, budget, k: int) -> None:
     if not over:
         return
     m = plan.memory[0]
-    fixed = sum(t.shard_bytes for t in plan.tensors if all(l == "replicated" for l in t.layouts))
+    fixed = sum(t.shard_bytes for t in plan.tensors if all(l.replicated for l in t.layouts))
     scalable = (m.total - fixed) * k
     need = None if min(budgets) <= fixed else math.ceil(scalable / (min(budgets) - fixed))
     d, total, b = over[0]
@@ -543,11 +554,12 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
               results: list[_LevelResult], options: SearchOptions) -> Plan:
     tensors = _tensor_plans(graph, results)
     grads = results[0].cut.needs_grad if results else needs_grad_of(graph)
-    levels = tuple(Level(p, math.prod(order[:k]), r.cut.bytes_problem.cost(r.solution.assignment),
-                         len(r.cut.order),
+    levels = tuple(Level(p, math.prod(order[:k]),
+                         r.problem.bytes_problem.cost(r.solution.assignment),
+                         len(r.problem.slots),
                          r.solution.max_frontier, r.solution.max_states)
                    for k, (p, r) in enumerate(zip(order, results)))
-    ops = tuple(OpPlan(n.name, n.op, tuple(r.members[i][0].name for r in results))
+    ops = tuple(OpPlan(n.name, n.op, tuple(OpStrategy.of(r.members[i][0]) for r in results))
                 for i, n in enumerate(graph.nodes) if not n.is_variable)
     coarsening = {}
     if results:
@@ -559,12 +571,25 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
                 coarsening, graph_fingerprint(graph))
 
 
-def _opaque_ops(graph: Graph) -> tuple[str, ...]:
+def _opaque_ops(graph: Graph) -> tuple[OpaqueOp, ...]:
     found = []
     for node in graph.operators():
         entry = lookup(node.op, node.params)
         if entry is None:
-            found.append(f"{node.name} ({node.op}): no description")
+            found.append(OpaqueOp(node.name, node.op, "no description"))
         elif not isinstance(entry, Description):
-            found.append(f"{node.name} ({node.op}): {entry.reason}")
+            found.append(OpaqueOp(node.name, node.op, entry.reason))
     return tuple(found)
+
+
+def _opaque_entry(x) -> OpaqueOp:
+    """An opaque operator as JSON holds it: ``[name, op, reason]`` (or, as plans written
+    before, the text ``"name (op): reason"``)."""
+    if isinstance(x, str):
+        head, sep, reason = x.partition("): ")
+        name, sep2, op = head.partition(" (")
+        if not (sep and sep2):
+            raise ValueError(f"{x!r} is not 'name (op): reason'")
+        return OpaqueOp(name, op, reason)
+    name, op, reason = x
+    return OpaqueOp(name, op, reason)

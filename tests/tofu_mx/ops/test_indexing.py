@@ -75,7 +75,7 @@ def test_forced_split_of_zeros(k, strategy):
     loss = mx.sym.MakeLoss(mx.sym.sum(mx.sym.square(_head(X) + z)))
     ptd, report = partition_and_verify(loss, k, choose={"z": strategy}, x=(6, 5))
     assert report.ok and not ptd.fallbacks
-    assert {o.name: o for o in ptd.plan.ops}["z"].strategies[0] == strategy
+    assert str({o.name: o for o in ptd.plan.ops}["z"].strategies[0]) == strategy
 
 
 def _steps(x):
@@ -113,4 +113,4 @@ def test_forced_splits_through_shard_hooks(name, strategy, build, shapes):
     ptd, report = partition_and_verify(loss, 2, choose={name: strategy},
                                        **{"x": (6, 5), **shapes})
     assert report.ok and not ptd.fallbacks
-    assert {o.name: o for o in ptd.plan.ops}[name].strategies[0] == strategy
+    assert str({o.name: o for o in ptd.plan.ops}[name].strategies[0]) == strategy

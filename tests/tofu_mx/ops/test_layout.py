@@ -182,7 +182,7 @@ def _verify(y, k, choose, dtypes=None, **shapes):
 
 
 def _strategies(ptd, name):
-    (found,) = [o.strategies for o in ptd.plan.ops if o.name == name]
+    (found,) = [tuple(map(str, o.strategies)) for o in ptd.plan.ops if o.name == name]
     return found
 
 

@@ -20,7 +20,7 @@ def verify(sym, k, choose=None, dtypes=None, **shapes):
     assert report.ok, report
     assert not ptd.fallbacks
     if choose:
-        chosen = {o.name: o.strategies[0] for o in ptd.plan.ops}
+        chosen = {o.name: str(o.strategies[0]) for o in ptd.plan.ops}
         assert all(chosen[n] == s for n, s in choose.items()), chosen
     return ptd
 

@@ -1,3 +1,4 @@
+import json
 import math
 
 import mxnet as mx
@@ -10,7 +11,9 @@ from tofu_mx.search import Plan, SearchOptions, plan, plan_graph
 from tofu_mx.search.baselines import POLICIES, baseline_plan
 from tofu_mx.search.cut import Cut, View
 from tofu_mx.search.dp import solve_dp
+from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.search.exact import solve_ilp
+from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.search.plan import factor_orders, prime_factors
 
 BATCH = 960   # divisible by every device count tested
@@ -40,8 +43,8 @@ def test_data_parallel_mlp_costs_exactly_its_gradient_all_reduce(k):
     (as an all-gather of each weight forward and a reduce-scatter of its gradient)."""
     p = plan(mlp(), k, data=(BATCH, 32), softmax_label=(BATCH,))
     assert p.total_bytes == 2 * (k - 1) * mlp_param_bytes()
-    assert all(t.layouts[0] == "split(0)" for t in p.tensors if t.kind in ("data", "activation"))
-    assert all(s[0].startswith("split") for o in p.ops for s in [o.strategies])
+    assert all(str(t.layouts[0]) == "split(0)" for t in p.tensors if t.kind in ("data", "activation"))
+    assert all(s[0].kind == "split" for o in p.ops for s in [o.strategies])
     dp = baseline_plan(import_symbol(mlp(), data=(BATCH, 32), softmax_label=(BATCH,)), k,
                        "data_parallel")
     assert dp.total_bytes == p.total_bytes
@@ -55,7 +58,7 @@ def test_a_tall_layer_is_partitioned_not_replicated():
              loss_label=(8, 4096))
     weight_bytes = 4096 * 4096 * 4
     assert p.total_bytes < weight_bytes / 8
-    assert p.tensor("fc_weight").layouts[0] in ("split(0)", "split(1)")
+    assert str(p.tensor("fc_weight").layouts[0]) in ("split(0)", "split(1)")
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7, 8])
@@ -85,8 +88,8 @@ def test_shapes_are_never_split_unevenly(sym, shapes, k):
     for t in p.tensors:
         shape = list(t.shape)
         for layout, parts in zip(t.layouts, p.factors):
-            if layout.startswith("split"):
-                axis = int(layout[6:-1])
+            if not layout.replicated:
+                axis = layout.axis
                 assert shape[axis] % parts == 0, (t.name, t.shape, t.layouts)
                 shape[axis] //= parts
         assert tuple(shape) == t.shard
@@ -101,6 +104,42 @@ def test_plan_is_plain_deterministic_data():
     text = a.report()
     assert "level 1: 2-way cut" in text and "coarsening:" in text
     assert "per device, stored shards:" in text
+
+
+def test_plan_data_is_typed_and_its_json_is_text():
+    """Layouts and strategies are values (StoredLayout, OpStrategy), written as their text."""
+    p = plan(mlp(), 4, data=(BATCH, 32), softmax_label=(BATCH,))
+    assert all(isinstance(l, StoredLayout) for t in p.tensors for l in t.layouts)
+    assert all(isinstance(s, OpStrategy) for o in p.ops for s in o.strategies)
+    d = json.loads(p.to_json())
+    assert all(isinstance(l, str) for t in d["tensors"] for l in t["layouts"])
+    assert d["tensors"][0]["layouts"] == [str(l) for l in p.tensors[0].layouts]
+    assert [OpStrategy.parse(s) for s in d["ops"][0]["strategies"]] == list(p.ops[0].strategies)
+    assert StoredLayout.parse("split(3)") == StoredLayout(3) and str(StoredLayout(3)) == "split(3)"
+    assert StoredLayout.parse("replicated").replicated
+    assert OpStrategy.parse("reduce ci") == OpStrategy("reduce", "ci")
+    assert OpStrategy.parse("whole") == OpStrategy("whole")
+    for bad in ("split(x)", "split(-1)", "sideways", 3):
+        with pytest.raises(InvalidArgumentError, match="stored layout"):
+            StoredLayout.parse(bad)
+    for bad in ("shuffle b", "whole b", "split", 7):
+        with pytest.raises(InvalidArgumentError, match="strateg"):
+            OpStrategy.parse(bad)
+    d["tensors"][0]["layouts"][0] = "split(x)"
+    with pytest.raises(InvalidArgumentError, match="'tensors'.*split\\(x\\)"):
+        Plan.from_json(json.dumps(d))
+
+
+def test_opaque_operators_read_from_older_plans():
+    """Plans written before opaque operators were typed held ``"name (op): reason"``."""
+    from tests.tofu_mx.runtime.custom_ops import cube
+    x = cube(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc"), name="cube")
+    p = plan(x, 2, data=(4, 3))
+    assert p.opaque == (OpaqueOp("cube", "Custom", "no description"),)
+    d = json.loads(p.to_json())
+    assert d["opaque"] == [["cube", "Custom", "no description"]]
+    d["opaque"] = ["cube (Custom): no description"]
+    assert Plan.from_json(json.dumps(d)).opaque == p.opaque
 
 
 def test_rnn_time_steps_share_one_choice():
@@ -123,7 +162,7 @@ def test_memory_per_device_and_budget():
     need = p.memory[0].total
     assert plan(mlp(), 4, memory_budget=need, **shapes) == p
     assert plan(mlp(), 4, memory_budget=[need] * 4, **shapes) == p
-    assert need % 2 == 0 and all(not t.layouts[0] == "replicated" for t in p.tensors)
+    assert need % 2 == 0 and all(not t.layouts[0].replicated for t in p.tensors)
     with pytest.raises(tofu_mx.NoFeasiblePlanError, match=r"device 0 needs .* about 8 devices "
                                                           r"would fit") as info:
         plan(mlp(), 4, memory_budget=need // 2, **shapes)   # everything is sharded: 4 * 2
@@ -144,8 +183,9 @@ def test_unknown_operators_are_listed_and_run_whole():
     x = cube(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc"), name="cube")
     for k in (2, 4, 6):
         p = plan(x, k, data=(12, 8))
-        assert p.opaque == ("cube (Custom): no description",)
-        assert dict((o.name, o.strategies) for o in p.ops)["cube"] == ("whole",) * len(p.factors)
+        assert tuple(map(str, p.opaque)) == ("cube (Custom): no description",)
+        assert dict((o.name, tuple(map(str, o.strategies))) for o in p.ops)["cube"] == \
+            ("whole",) * len(p.factors)
         # its input is gathered on one device and its output scattered: both are counted
         described = plan(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc") ** 3,
                          k, data=(12, 8))
@@ -161,7 +201,7 @@ def test_unknown_operators_are_listed_and_run_whole():
 def test_search_is_optimal_and_beats_the_baselines(name, sym, shapes):
     graph = import_symbol(sym, **shapes)
     cut = Cut(graph, View.of(graph), 2)
-    problem = cut.problem()
+    problem = cut.problem().problem
     ilp, _, status = solve_ilp(problem, time_limit=60)
     assert status == "Optimal" and solve_dp(problem).cost == pytest.approx(ilp.cost)
     best = plan_graph(graph, 2).total_bytes
@@ -175,7 +215,7 @@ def test_a_weight_shared_by_tied_steps_is_fetched_once():
     shapes = models.input_shapes("rnn", 8, seq_len=6)
     graph = import_symbol(models.rnn(1, 16, 6, 12), **shapes)
     dp = baseline_plan(graph, 2, "data_parallel")
-    params = sum(t.shard_bytes * (2 if t.layouts[0].startswith("split") else 1)
+    params = sum(t.shard_bytes * (2 if not t.layouts[0].replicated else 1)
                  for t in dp.tensors if t.kind == "param")
     # at most one all-reduce's worth (2 (k-1) S, k = 2) per parameter, not one per step
     assert dp.total_bytes <= 2 * params + 6 * 8 * 16 * 4 * 8
