@@ -331,15 +331,27 @@ class _Rewrite:
             src = src[:a] + ((t0, t1),) + src[a + 1:]
         return sym
 
-    def concat(self, syms: list[Sym], axis: int, d: int, t) -> Sym:
+    def concat(self, syms: list[Sym], axis: int, d: int, t, equal: bool = False) -> Sym:
+        """Join ``syms`` along ``axis`` on device ``d``. Pieces of one size are stacked and
+        reshaped (``stack`` then ``Reshape``): neither's gradient reads its inputs, so the
+        pieces are freed after the forward pass, where ``Concat``'s gradient (in MXNet's
+        MKLDNN builds) keeps every piece until the backward pass."""
         if len(syms) == 1:
             return syms[0]
         key = ("concat", tuple(syms), axis, d)
         if key not in self.memo:
-            self.memo[key] = (self.add("Concat", f"{self.g.nodes[t[0]].name}{self.suffix(d)}"
-                                       f"@concat{axis}", {"dim": str(axis),
-                                                          "num_args": str(len(syms))},
-                                       syms, d, "concat"), 0)
+            base = f"{self.g.nodes[t[0]].name}{self.suffix(d)}@concat{axis}"
+            if equal:
+                stacked = self.add("stack", base + "@stack", {"axis": str(axis),
+                                                              "num_args": str(len(syms))},
+                                   syms, d, "concat")
+                merge = format_attr_value((0,) * axis + (-3, -2))
+                self.memo[key] = (self.add("Reshape", base, {"shape": merge},
+                                           [(stacked, 0)], d, None), 0)
+            else:
+                self.memo[key] = (self.add("Concat", base, {"dim": str(axis),
+                                                            "num_args": str(len(syms))},
+                                           syms, d, "concat"), 0)
         return self.memo[key]
 
     def assemble(self, pieces: list[tuple[Box, Sym]], box: Box, d: int, t) -> Sym:
@@ -358,7 +370,8 @@ class _Rewrite:
                 parts.append(self.assemble([p for p in pieces if p[0][a] == span], sub, d, t))
                 at = span[1] + 1
             if at == box[a][1] + 1 and len(parts) == len(spans):
-                return self.concat(parts, a, d, t)
+                equal = len({hi - lo for lo, hi in spans}) == 1
+                return self.concat(parts, a, d, t, equal)
         raise TofuError(f"internal: the pieces {[p[0] for p in pieces]} of "
                         f"{self.g.nodes[t[0]].name} do not tile {box}")
 

@@ -8,7 +8,7 @@ splitting a normalised axis (the spatial axes of InstanceNorm, the channel windo
 derived by the analysis but not offered (:mod:`tofu_mx.tdl.shares`).
 """
 from tofu_mx.ops.conv import _conv_shard, _pool_v1_shard, _spatial, convolution, describe_pooling
-from tofu_mx.ops.norm import _normalise, batch_norm, moments
+from tofu_mx.ops.norm import _normalise, describe_batch_norm, moments
 from tofu_mx.tdl import (Max, Shard, Sum, TDLError, absolute, depends, equal, exp, in_range,
                          lam, less, op, rsqrt, sqrt, where)
 
@@ -347,7 +347,7 @@ def instance_norm(attrs, data, gamma, beta):
     """Normalised over the spatial axes of each (sample, channel), then scaled and shifted
     per channel: split on the batch and channels, never on a spatial axis."""
     eps = float(attrs.get("eps", 1e-3))
-    mean, inv_std = _normalise(data, [0, 1], eps)
+    mean, inv_std, _ = _normalise(data, [0, 1], eps)
 
     def out(*i):
         b, c = i[:2]
@@ -550,8 +550,14 @@ def pooling_v1(attrs, data):
     return describe_pooling(attrs, data, legacy=True)
 
 
+def batch_norm_v1(attrs, data, gamma, beta, moving_mean, moving_var):
+    """BatchNorm's legacy kernel: its third output is the variance, not its inverse root."""
+    return describe_batch_norm(attrs, data, gamma, beta, moving_mean, moving_var, "var")
+
+
 op("BatchNorm_v1", examples=[
     ({"fix_gamma": False}, [(4, 3, 2, 2), (3,), (3,), (3,), (3,)]),
     ({}, [(4, 3, 2, 2), (3,), (3,), (3,), (3,)]),
     ({"fix_gamma": False, "use_global_stats": True}, [(2, 3, 2, 2), (3,), (3,), (3,), (3,)]),
-])(batch_norm)
+    ({"fix_gamma": False, "output_mean_var": True}, [(4, 3, 2, 2), (3,), (3,), (3,), (3,)]),
+])(batch_norm_v1)

@@ -1,15 +1,95 @@
 """Normalisation: BatchNorm (training mode: batch statistics) and LayerNorm.
 
-BatchNorm split on the batch axis is *not* offered as a cheap strategy: its output at one
-sample depends on every sample through the batch mean and variance, and the interval analysis
-sees exactly that (a batch split needs the whole input). No BatchNorm computes such a share, so
-the search does not offer it (:mod:`tofu_mx.tdl.shares`). Per-device statistics would compute a
-different function, so synchronised statistics are left to a later strategy. Splitting the
-channel axis is exact and cheap. LayerNorm, likewise, is not split on its normalised axis.
+BatchNorm as one operator cannot be split on the batch axis: its output at one sample
+depends on every sample through the batch mean and variance, and the interval analysis sees
+exactly that (a batch split needs the whole input). Per-device statistics would compute a
+different function. So, with more than one device, BatchNorm is *lowered*
+(:func:`lower_batch_norm`) into the sums its statistics are made of, which split on the
+batch: each device sums its slice, and only the per-channel sums cross devices. Splitting
+the channel axis is exact and cheap either way. LayerNorm is not split on its normalised axis.
 """
 import math
 
+import numpy as np
+
 from tofu_mx.tdl import Sum, depends, lam, op, rsqrt
+
+#: BatchNorm's default eps: MXNet's ``1e-3f``, a float32 constant widened to double
+BATCH_NORM_EPS = float(np.float32(1e-3))
+
+
+def lower_batch_norm(emit, attrs, shapes, data, gamma, beta, moving_mean, moving_var):
+    """Training-mode BatchNorm from operators that split on the batch, exactly.
+
+    ``mean = sum(x) / M`` and ``var = sum(x^2) / M - mean^2`` per channel (M: elements per
+    channel) are sums the search splits on the batch (partial sums, then added across
+    devices); ``y = x * a + b`` with ``a = gamma / sqrt(var + eps)``, ``b = beta - mean a``
+    keeps only ``x`` for the backward pass, as BatchNorm does.
+
+    The moving statistics are updated, and inference uses them, through a real BatchNorm
+    on a *pseudo-batch* of two rows ``mean -/+ sqrt(var)`` per channel: its batch mean and
+    (biased) variance are the whole batch's, so it updates ``moving_mean``/``moving_var``
+    exactly as BatchNorm on the whole batch does (in its backward pass, which therefore
+    must stay on a gradient path: its input depends on ``mean``, and it reads gamma and
+    beta), and its outputs 1 and 2 are the batch mean and inverse std in training and the
+    moving ones in inference: MXNet's own switch. ``BlockGrad(s) + (t - BlockGrad(t))``
+    takes the value of ``s`` and the gradient of ``t``, so gradients flow through the
+    batch statistics as in BatchNorm's. Not lowered (None): global statistics (a
+    per-sample operator, split on the batch already) and a channel axis on the batch.
+    ``sum(x^2) / M - mean^2`` loses float32 precision when the mean is large against the
+    standard deviation (relative error about ``(mean/std)^2 * 6e-8``).
+    """
+    ndim = len(shapes[0])
+    axis = int(attrs.get("axis", 1)) % ndim
+    if attrs.get("use_global_stats", False) or axis == 0:
+        return None
+    fix_gamma = bool(attrs.get("fix_gamma", True))
+    eps = float(attrs.get("eps", BATCH_NORM_EPS))
+    reduced = tuple(a for a in range(ndim) if a != axis)
+    count = math.prod(shapes[0][a] for a in reduced)
+    broadcast = tuple(-1 if a == axis else 1 for a in range(ndim))
+
+    def value_of(shown, grad, name):
+        """``shown``'s value with ``grad``'s gradient."""
+        frozen = emit("BlockGrad", grad, name=f"{name}_const")
+        return emit("elemwise_add", shown,
+                    emit("elemwise_sub", grad, frozen, name=f"{name}_delta"),
+                    name=f"{name}_used")
+    total = emit("sum", data, name="sum", axis=reduced)
+    total_sq = emit("sum", emit("square", data, name="square"), name="sum_sq", axis=reduced)
+    mean = emit("_div_scalar", total, name="mean", scalar=count)
+    var = emit("elemwise_sub", emit("_div_scalar", total_sq, name="mean_sq", scalar=count),
+               emit("square", mean, name="mean_squared"), name="var")
+    inv_std = emit("rsqrt", emit("_plus_scalar", var, name="var_eps", scalar=eps),
+                   name="inv_std")
+    # the pseudo-batch's spread carries no gradient (sqrt'(0) would make a NaN of a zero)
+    spread = emit("sqrt", emit("relu", emit("BlockGrad", var, name="var_const"),
+                               name="var_pos"), name="std")
+    rows = [emit("expand_dims", emit(op, mean, spread, name=name), name=f"{name}_row", axis=0)
+            for op, name in (("elemwise_sub", "low"), ("elemwise_add", "high"))]
+    pseudo = emit("concat", *rows, name="pseudo_batch", dim=0, num_args=2)
+    stats = emit("BatchNorm", pseudo, gamma, beta, moving_mean, moving_var, name="stats",
+                 **{k: v for k, v in attrs.items() if k in ("eps", "momentum")},
+                 fix_gamma=fix_gamma, axis=1, output_mean_var=True, cudnn_off=True,
+                 use_global_stats=False)
+    # output 0 needs a reader (inference mode refuses an unread one): an exact zero
+    zero = emit("BlockGrad", emit("_mul_scalar", emit("sum", stats[0], name="rows", axis=0),
+                                  name="rows_zero", scalar=0.0), name="zero")
+    shown_mean = emit("elemwise_add", emit("BlockGrad", stats[1], name="stats_mean"), zero,
+                      name="shown_mean")
+    used_mean = value_of(shown_mean, mean, "mean")
+    used_inv_std = value_of(emit("BlockGrad", stats[2], name="stats_inv_std"), inv_std,
+                            "inv_std")
+    scale = used_inv_std if fix_gamma else emit("elemwise_mul", gamma, used_inv_std,
+                                                 name="scale")
+    shift = emit("elemwise_sub", beta, emit("elemwise_mul", used_mean, scale, name="mean_scale"),
+                 name="shift")
+    out = emit("broadcast_add",
+               emit("broadcast_mul", data, emit("reshape", scale, name="scale_b", shape=broadcast),
+                    name="scaled"),
+               emit("reshape", shift, name="shift_b", shape=broadcast), name="out")
+    return out, emit("BlockGrad", stats[1], name="out_mean"), \
+        emit("BlockGrad", stats[2], name="out_inv_std")
 
 
 def moments(read, extents):
@@ -32,8 +112,9 @@ def moments(read, extents):
 
 
 def _normalise(data, axes_kept, eps):
-    """mean and inverse standard deviation over every axis but ``axes_kept`` (as functions of
-    the kept coordinates), using reduction variables named r0.. and s0.."""
+    """mean, inverse standard deviation and (biased) variance over every axis but
+    ``axes_kept`` (as functions of the kept coordinates), using reduction variables named
+    r0.. and s0.."""
     reduced = [a for a in range(data.ndim) if a not in axes_kept]
 
     def at(kept, free):
@@ -45,7 +126,41 @@ def _normalise(data, axes_kept, eps):
         return data[tuple(index)]
 
     mean, variance = moments(at, [data.shape[a] for a in reduced])
-    return mean, lambda kept: rsqrt(variance(kept) + eps)
+    return mean, lambda kept: rsqrt(variance(kept) + eps), variance
+
+
+def describe_batch_norm(attrs, data, gamma, beta, moving_mean, moving_var, third: str):
+    """BatchNorm's outputs: the normalised data, the mean used, and (``third``) the inverse
+    standard deviation (BatchNorm) or the variance (BatchNorm_v1) used."""
+    axis = int(attrs.get("axis", 1)) % data.ndim
+    eps = float(attrs.get("eps", BATCH_NORM_EPS))
+    mean, inv_std, variance = _normalise(data, [axis], eps)
+    global_stats = attrs.get("use_global_stats", False)
+
+    def out(*i):
+        c = i[axis]
+        # With fix_gamma MXNet ignores gamma's values, but still takes it (shaped like beta).
+        scale = depends(1.0, gamma[c]) if attrs.get("fix_gamma", True) else gamma[c]
+        if global_stats:
+            normed = (data[i] - moving_mean[c]) * rsqrt(moving_var[c] + eps)
+        else:
+            # The moving statistics are updated in place from the batch statistics.
+            normed = depends((data[i] - mean([c], "m")) * inv_std([c]),
+                             moving_mean[c], moving_var[c])
+        return normed * scale + beta[c]
+
+    # outputs 1 and 2 (read with output_mean_var): the statistics used
+    def used_mean(c):
+        return moving_mean[c] if global_stats else mean([c], "m")
+
+    def used_inv_std(c):
+        return rsqrt(moving_var[c] + eps) if global_stats else inv_std([c])
+
+    def used_var(c):
+        return moving_var[c] if global_stats else variance([c])
+    channel = [f"i{axis}"]
+    return lam(data.ndim, out), lam(channel, used_mean), \
+        lam(channel, used_inv_std if third == "inv_std" else used_var)
 
 
 @op("BatchNorm", examples=[
@@ -54,24 +169,11 @@ def _normalise(data, axes_kept, eps):
     ({"fix_gamma": False, "axis": 1}, [(5, 2), (2,), (2,), (2,), (2,)]),
     ({"fix_gamma": False, "axis": -1}, [(2, 3, 4), (4,), (4,), (4,), (4,)]),
     ({"fix_gamma": False, "use_global_stats": True}, [(2, 3, 2, 2), (3,), (3,), (3,), (3,)]),
-], rtol=1e-3, atol=1e-4)
+    ({"fix_gamma": False, "output_mean_var": True}, [(4, 3, 2, 2), (3,), (3,), (3,), (3,)]),
+    ({"use_global_stats": True, "output_mean_var": True}, [(2, 3, 2), (3,), (3,), (3,), (3,)]),
+], rtol=1e-3, atol=1e-4, lowering=lower_batch_norm)
 def batch_norm(attrs, data, gamma, beta, moving_mean, moving_var):
-    axis = int(attrs.get("axis", 1)) % data.ndim
-    eps = float(attrs.get("eps", 1e-3))
-    mean, inv_std = _normalise(data, [axis], eps)
-
-    def out(*i):
-        c = i[axis]
-        # With fix_gamma MXNet ignores gamma's values, but still takes it (shaped like beta).
-        scale = depends(1.0, gamma[c]) if attrs.get("fix_gamma", True) else gamma[c]
-        if attrs.get("use_global_stats", False):
-            normed = (data[i] - moving_mean[c]) * rsqrt(moving_var[c] + eps)
-        else:
-            # The moving statistics are updated in place from the batch statistics.
-            normed = depends((data[i] - mean([c], "m")) * inv_std([c]),
-                             moving_mean[c], moving_var[c])
-        return normed * scale + beta[c]
-    return lam(data.ndim, out)
+    return describe_batch_norm(attrs, data, gamma, beta, moving_mean, moving_var, "inv_std")
 
 
 @op("LayerNorm", examples=[({}, [(2, 3, 4), (4,), (4,)]), ({"axis": 1}, [(2, 3, 4), (3,), (3,)]),
@@ -80,7 +182,7 @@ def layer_norm(attrs, data, gamma, beta):
     axis = int(attrs.get("axis", -1)) % data.ndim
     eps = float(attrs.get("eps", 1e-5))
     kept = [a for a in range(data.ndim) if a != axis]
-    mean, inv_std = _normalise(data, kept, eps)
+    mean, inv_std, _ = _normalise(data, kept, eps)
 
     def out(*i):
         k = [i[a] for a in kept]

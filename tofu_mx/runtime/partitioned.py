@@ -25,7 +25,7 @@ from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.search.cut import needs_grad_of
 from tofu_mx.search.plan import (Plan, SearchOptions, budgets_of, check_device_count,
-                                 check_plan, plan_graph)
+                                 check_plan, lower_graph, plan_graph)
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph
 from tofu_mx.tdl.registry import lookup, registry_key
@@ -381,8 +381,8 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     """Partition ``symbol`` over the devices ``ctx`` (any number, ``mx.cpu(i)`` or
     ``mx.gpu(i)``), for the input ``shapes`` given by name (``data=(32, 3, 224, 224)``).
 
-    Runs import -> TDL analysis -> coarsening -> search (:func:`tofu_mx.plan`) -> assignment
-    -> rewrite -> check. ``memory_budget``: bytes per device (or a list). Without one, the
+    Runs import -> lowering -> TDL analysis -> coarsening -> search (:func:`tofu_mx.plan`)
+    -> assignment -> rewrite -> check. ``memory_budget``: bytes per device (or a list). Without one, the
     plan moves the fewest bytes (``options.memory_weight``, 0 by default, as Tofu). With
     one, plans that trade bytes moved for memory (``MEMORY_WEIGHTS``) are tried in turn
     until ``memory_per_device()`` fits; :class:`tofu_mx.NoFeasiblePlanError` if none does.
@@ -397,7 +397,7 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     k = check_device_count(len(contexts))
     if memory_budget is not None:
         budgets_of(memory_budget, k)        # before the import, which may take a while
-    graph = import_graph(symbol, dtypes=dtypes, **shapes)
+    graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), k)
     if memory_budget is None:
         plan = plan_graph(graph, k, options=options)
         _check_operators(graph, plan, k, strict)

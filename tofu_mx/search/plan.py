@@ -23,6 +23,7 @@ import numpy as np
 
 from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.ir import Graph
+from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.cut import Cut, CutProblem, View, needs_grad_of, next_view
@@ -30,7 +31,7 @@ from tofu_mx.search.dp import Solution, solve_dp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph
-from tofu_mx.tdl.registry import Description, lookup
+from tofu_mx.tdl.registry import Description, facts, lookup
 
 
 @dataclass(frozen=True)
@@ -518,15 +519,25 @@ def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions
          dtypes: Mapping[str, Any] | None = None, **shapes) -> Plan:
     """Partition plan of ``symbol`` over ``num_devices`` devices (nothing is bound or run).
 
-    Runs import -> TDL analysis -> coarsening -> search. ``memory_budget``: bytes per device,
-    or a list with one budget per device; :class:`tofu_mx.NoFeasiblePlanError` if no plan fits.
+    Runs import -> lowering (:func:`lower_graph`) -> TDL analysis -> coarsening -> search.
+    ``memory_budget``: bytes per device, or a list with one budget per device;
+    :class:`tofu_mx.NoFeasiblePlanError` if no plan fits.
     """
     num_devices = check_device_count(num_devices)
     options = SearchOptions.of(options)
     if memory_budget is not None:
         budgets_of(memory_budget, num_devices)    # before the import, which may take a while
-    graph = import_graph(symbol, dtypes=dtypes, **shapes)
+    graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), num_devices)
     return plan_graph(graph, num_devices, memory_budget=memory_budget, options=options)
+
+
+def lower_graph(graph: Graph, num_devices: int) -> Graph:
+    """``graph`` with the operators that split better as their parts lowered into them
+    (:attr:`tofu_mx.tdl.OpFacts.lowering`: BatchNorm), when there is more than one device;
+    the graph plan() searches and partition() rewrites."""
+    if num_devices == 1:
+        return graph
+    return lower(graph, lambda node: facts(node.op, node.params).lowering)
 
 
 def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,

@@ -149,7 +149,11 @@ class OpFacts:
     ``group_attr``: False when MXNet hands every attribute, ``__ctx_group__`` included, to
     the operator's constructor (Python custom operators, whose ``CustomOpProp`` may take no
     keywords): the rewrite then places the node through its first input instead. Declared
-    for an MXNet operator kind as a whole with :func:`kind_facts`."""
+    for an MXNet operator kind as a whole with :func:`kind_facts`.
+    ``lowering``: ``(emit, attrs, input shapes, *inputs) -> outputs | None``, an equivalent
+    subgraph of other operators that partitions better (BatchNorm's statistics as sums
+    that split on the batch); applied before the search by :func:`nnvm_passes.lower.lower`
+    when there is more than one device. None from it keeps the operator."""
 
     index_inputs: Mapping[int, IndexRange] = field(default_factory=dict)
     labels: tuple[int, ...] = ()
@@ -157,6 +161,7 @@ class OpFacts:
     gradient: bool = True
     random: bool = False
     group_attr: bool = True
+    lowering: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -316,7 +321,8 @@ def example_graph(op: str, example: Example) -> Graph:
                          data_names=list(shapes), **shapes)
 
 
-def _facts(index_inputs, labels, loss, gradient, random, name: str) -> OpFacts:
+def _facts(index_inputs, labels, loss, gradient, random, name: str,
+           lowering: Callable | None = None) -> OpFacts:
     index_inputs = dict(index_inputs or {})
     bad = [p for p, f in index_inputs.items() if not isinstance(p, int) or not callable(f)]
     if bad:
@@ -325,7 +331,11 @@ def _facts(index_inputs, labels, loss, gradient, random, name: str) -> OpFacts:
     labels = tuple(labels)
     if not all(isinstance(p, int) and p >= 0 for p in labels):
         raise TDLError(f"{name!r}: labels are input positions (ints), got {labels!r}")
-    return OpFacts(index_inputs, labels, bool(loss), bool(gradient), bool(random))
+    if lowering is not None and not callable(lowering):
+        raise TDLError(f"{name!r}: lowering is a function (emit, attrs, input shapes, *inputs) "
+                       f"-> outputs, got {lowering!r}")
+    return OpFacts(index_inputs, labels, bool(loss), bool(gradient), bool(random),
+                   lowering=lowering)
 
 
 def _example(example, name: str) -> Example:
@@ -353,7 +363,8 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
        replace: bool = False, shard: Callable | None = None,
        index_inputs: Mapping[int, IndexRange] | None = None, labels: Sequence[int] = (),
        loss: bool = False, gradient: bool = True, random: bool = False,
-       domain: tuple[float, float] | None = None) -> Callable[[Callable], Callable]:
+       domain: tuple[float, float] | None = None,
+       lowering: Callable | None = None) -> Callable[[Callable], Callable]:
     """Register the decorated function as the description of operator ``name``.
 
     ``examples``: ``(attrs, input shapes)`` pairs, or ``(attrs, input shapes, {input
@@ -365,7 +376,8 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
     one device's share runs (attributes that fix output sizes, padding, offsets); without it
     the share runs with the operator's own attributes; None means the share cannot run as
     this operator (the rewrite then computes the operator whole). ``index_inputs``,
-    ``labels``, ``loss``, ``gradient``, ``random``: the operator's facts (:class:`OpFacts`).
+    ``labels``, ``loss``, ``gradient``, ``random``, ``lowering``: the operator's facts
+    (:class:`OpFacts`).
     ``domain``: ``(low, high)`` to draw the check's float inputs from, for an operator defined
     on part of the line only (``arccosh`` on [1, inf)); [-1, 1) by default.
     """
@@ -374,7 +386,7 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
                        f"replace=True to replace it")
     if not examples:
         raise TDLError(f"description of {name!r} needs at least one example (attrs, shapes)")
-    op_facts = _facts(index_inputs, labels, loss, gradient, random, name)
+    op_facts = _facts(index_inputs, labels, loss, gradient, random, name, lowering)
 
     def register(fn: Callable) -> Callable:
         names, variadic = _signature(fn, name)

@@ -7,7 +7,7 @@ import tofu_mx
 from nnvm_passes.importer import import_symbol
 from tofu_mx.runtime.partitioned import apply_plan
 from tofu_mx.search.baselines import forced
-from tofu_mx.search.plan import plan_graph
+from tofu_mx.search.plan import lower_graph, plan_graph
 
 
 def float64(shapes):
@@ -25,7 +25,7 @@ def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=
         if choose is None:
             ptd = tofu_mx.partition(sym, ctx, dtypes=dtypes, options=options, **shapes)
         else:
-            graph = import_symbol(sym, dtypes=dtypes, **shapes)
+            graph = lower_graph(import_symbol(sym, dtypes=dtypes, **shapes), k)
             ptd = apply_plan(sym, graph, plan_graph(graph, k, choose=forced(choose)), ctx)
     report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, arrays=arrays,
                             **shapes)

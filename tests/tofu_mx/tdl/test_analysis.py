@@ -64,10 +64,11 @@ def test_depthwise_convolution_splits_channels_of_data_and_weight():
 
 def test_batchnorm_batch_split_needs_the_whole_batch():
     found = described("BatchNorm", {"fix_gamma": False}, [(4, 6, 2, 2)] + [(6,)] * 4)
+    # outputs: the normalised data, and the mean and inverse std used (output_mean_var)
     assert found[0] == ("split i0: inputs [replicated, replicated, replicated, replicated, "
-                        "replicated] -> outputs [split(0)]")
+                        "replicated] -> outputs [split(0), replicated, replicated]")
     assert found[1] == ("split i1: inputs [split(1), split(0), split(0), split(0), split(0)] "
-                        "-> outputs [split(1)]")
+                        "-> outputs [split(1), split(0), split(0)]")
     assert not any(s.startswith("reduce") for s in found)
 
 
