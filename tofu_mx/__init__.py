@@ -11,6 +11,7 @@ What the package offers:
   inputs and compare every output, gradient and auxiliary state.
 - :func:`plan` and :class:`SearchOptions`: the search alone (:mod:`tofu_mx.search`); a
   :class:`Plan` gives every tensor's layout at every cut, and nothing is bound.
+  :func:`frontier`: bytes moved against memory per device over the plans found.
 - :mod:`tofu_mx.tdl` (the description language, ``@tdl.op``, coverage) and :mod:`tofu_mx.ops`
   (the built-in descriptions, each checked against MXNet's kernel).
 - :mod:`tofu_mx.gluon`: partition a Gluon ``HybridBlock`` and train
@@ -57,6 +58,7 @@ _LAZY = {
     "SearchOptions": "tofu_mx.search.plan",
     "partition": "tofu_mx.runtime.partitioned",
     "PartitionedSymbol": "tofu_mx.runtime.partitioned",
+    "frontier": "tofu_mx.runtime.partitioned",
 }
 _SUBMODULES = ("models", "devices", "values", "summary", "verification", "cli", "tdl", "ops",
                "search", "runtime", "gluon")
@@ -80,4 +82,5 @@ __all__ = ["BindError", "CheckpointError", "ContextError", "GraphSummary",
            "InvalidArgumentError", "NoFeasiblePlanError", "NotASymbolError", "PartitionedSymbol",
            "Plan", "SearchOptions", "ShapeInferenceError", "TensorComparison", "TofuError",
            "UnknownInputError", "UnsupportedOperatorError", "VerificationError",
-           "VerificationReport", "gluon", "models", "partition", "plan", "summarize", "verify"]
+           "VerificationReport", "frontier", "gluon", "models", "partition", "plan", "summarize",
+           "verify"]

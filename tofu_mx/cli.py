@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     planner = sub.add_parser("plan", help="search a partition plan and print its report")
     _partition_arguments(planner, "8", "devices to plan for (only their number matters)")
     planner.add_argument("--json", help="also write the plan as JSON to this file")
+    planner.add_argument("--frontier", action="store_true",
+                         help="also print bytes moved against memory per device for the plans "
+                              "found at a range of memory weights (each partitioned, not run)")
     verifier = sub.add_parser(
         "verify", help="partition a model, run it on the devices and compare every output, "
                        "gradient and aux state with the unpartitioned model")
@@ -344,6 +347,9 @@ def _plan(args: argparse.Namespace, parsed: _Parsed, symbol, shapes) -> int:
     print(result.report())
     if args.json is not None:
         _write(args.json, result.to_json().encode("utf-8"), "--json")
+    if args.frontier:
+        from tofu_mx.runtime.partitioned import frontier
+        print(frontier(symbol, parsed.contexts, options=parsed.options, **shapes).report())
     return 0
 
 

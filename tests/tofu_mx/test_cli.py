@@ -278,6 +278,12 @@ def test_verify_flags_come_from_search_options():
             assert "--" + f.name.replace("_", "-") in help_text, (command, f.name)
 
 
+def test_plan_frontier_prints_bytes_against_memory(capsys):
+    assert main(["plan", *WRESNET_TINY, "--devices", "2", "--frontier"]) == 0
+    out = capsys.readouterr().out
+    assert "plan for 2 devices" in out and "Pareto front" in out and "/ ideal" in out
+
+
 # --- draw ----------------------------------------------------------------------------------------
 def test_draw_writes_a_dot_file(tmp_path, capsys):
     out = tmp_path / "plan.dot"

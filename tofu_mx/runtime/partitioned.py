@@ -23,6 +23,7 @@ from tofu_mx.errors import (CheckpointError, InvalidArgumentError, NoFeasiblePla
                             TofuError, UnsupportedOperatorError, mxnet_message)
 from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.runtime.assign import Assignment, assign
+from tofu_mx.runtime.frontier import FRONTIER_WEIGHTS, Frontier, fit_budget, pareto, trade_off
 from tofu_mx.search.cut import needs_grad_of
 from tofu_mx.search.plan import (Plan, SearchOptions, budgets_of, check_device_count,
                                  check_plan, lower_graph, plan_graph)
@@ -382,10 +383,11 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     ``mx.gpu(i)``), for the input ``shapes`` given by name (``data=(32, 3, 224, 224)``).
 
     Runs import -> lowering -> TDL analysis -> coarsening -> search (:func:`tofu_mx.plan`)
-    -> assignment -> rewrite -> check. ``memory_budget``: bytes per device (or a list). Without one, the
-    plan moves the fewest bytes (``options.memory_weight``, 0 by default, as Tofu). With
-    one, plans that trade bytes moved for memory (``MEMORY_WEIGHTS``) are tried in turn
-    until ``memory_per_device()`` fits; :class:`tofu_mx.NoFeasiblePlanError` if none does.
+    -> assignment -> rewrite -> check. ``memory_budget``: bytes per device (or a list).
+    Without one, the plan moves the fewest bytes (``options.memory_weight``, 0 by default, as
+    Tofu). With one, the memory weight is searched for the plan moving the fewest bytes whose
+    ``memory_per_device()`` fits (:func:`tofu_mx.runtime.frontier.fit_budget`);
+    :class:`tofu_mx.NoFeasiblePlanError` if none does.
     An operator with no TDL description runs whole on one device (listed in
     :attr:`PartitionedSymbol.fallbacks`, with one warning); ``strict=True`` refuses the graph
     instead (:class:`tofu_mx.UnsupportedOperatorError`). The caller's symbol is not modified.
@@ -403,37 +405,38 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         _check_operators(graph, plan, k, strict)
         return apply_plan(symbol, graph, plan, contexts)
     budgets = budgets_of(memory_budget, k)
-    failures: list[NoFeasiblePlanError] = []
-    weights = [options.memory_weight] + [w for w in MEMORY_WEIGHTS if w > options.memory_weight]
-    for weight in weights:
+
+    def measure(weight: float):
         tried = dataclasses.replace(options, memory_weight=weight)
-        try:
-            plan = plan_graph(graph, k, memory_budget=budgets, options=tried)
-        except NoFeasiblePlanError as e:    # the plan's own lower bound is over already
-            failures.append(e)
-            continue
+        plan = plan_graph(graph, k, options=tried)
         _check_operators(graph, plan, k, strict)
         ptd = apply_plan(symbol, graph, plan, contexts)
-        # the optimizer state the options expect counts against the budget too
-        mem = [dataclasses.replace(m, optimizer=int(m.weights * tried.optimizer_state))
-               for m in ptd.memory_per_device()]
-        over = [(d, m, b) for d, (m, b) in enumerate(zip(mem, budgets)) if m.total > b]
-        if not over:
-            return ptd
-        _, m, b = max(over, key=lambda t: t[1].total - t[2])
-        failures.append(NoFeasiblePlanError(
-            f"no partition fits: with memory_weight={weight:g}, {m.device} needs "
-            f"{format_bytes(m.total)} (weights {format_bytes(m.weights)}, gradients "
-            f"{format_bytes(m.gradients)}, optimizer {format_bytes(m.optimizer)}, activations "
-            f"{format_bytes(m.activations)}) but its "
-            f"budget is {format_bytes(b)}; use more devices, a smaller batch, or a larger "
-            f"budget", m.total))
-    raise min(failures, key=lambda e: e.footprint)
+        return trade_off(ptd, weight, tried.optimizer_state), ptd
+    return fit_budget(measure, budgets, options.memory_weight)
 
 
-#: memory weights partition() tries in turn when the plan with fewest bytes moved does not fit
-#: the memory budget: each buys memory with more bytes moved (bench/partition.py measures it)
-MEMORY_WEIGHTS = (1.0, 4.0, 16.0, 64.0)
+def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
+             options: SearchOptions | None = None, dtypes: Mapping[str, Any] | None = None,
+             weights: Sequence[float] = FRONTIER_WEIGHTS, **shapes) -> Frontier:
+    """Bytes moved against memory per device: the plans found at each memory weight in
+    ``weights``, partitioned for ``ctx`` (nothing is bound) and measured; the Pareto front."""
+    symbol = check_symbol(symbol, "symbol")
+    contexts = check_contexts(ctx)
+    options = SearchOptions.of(options)
+    weights = [arguments.real(w, f"weights[{i}]", minimum=0) for i, w in enumerate(weights)]
+    k = check_device_count(len(contexts))
+    whole = import_graph(symbol, dtypes=dtypes, **shapes)
+    graph = lower_graph(whole, k)
+    points = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)     # fallbacks: reported by partition()
+        one = apply_plan(symbol, whole, plan_graph(whole, 1, options=options), contexts[:1])
+        ideal = trade_off(one, 0.0, options.optimizer_state).worst / k
+        for weight in weights:
+            tried = dataclasses.replace(options, memory_weight=weight)
+            ptd = apply_plan(symbol, graph, plan_graph(graph, k, options=tried), contexts)
+            points.append(trade_off(ptd, weight, tried.optimizer_state))
+    return Frontier(pareto(points), ideal)
 
 
 def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,

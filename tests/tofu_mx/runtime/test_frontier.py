@@ -1,0 +1,64 @@
+"""Bytes against memory: the Pareto front, and the weight search under a budget."""
+import mxnet as mx
+import pytest
+
+import tofu_mx
+from tofu_mx import models
+from tofu_mx.errors import NoFeasiblePlanError
+from tofu_mx.runtime.frontier import MAX_WEIGHT, TradeOff, fit_budget, pareto
+
+
+def point(weight, moved, *memory):
+    return TradeOff(weight, moved, tuple(memory))
+
+
+def test_pareto_keeps_the_points_nothing_beats_on_both():
+    points = [point(0, 10, 9, 8), point(1, 12, 7, 7), point(2, 12, 8, 6), point(4, 20, 7, 7),
+              point(8, 30, 5, 5), point(16, 9.5, 50, 1)]
+    assert [p.memory_weight for p in pareto(points)] == [16, 0, 1, 8]
+
+
+def fake(memory_of_weight, calls):
+    """A plan whose memory falls and bytes grow with the weight."""
+    def measure(weight):
+        calls.append(weight)
+        m = memory_of_weight(weight)
+        return point(weight, 100 + weight, m, m), ("plan", weight)
+    return measure
+
+
+def test_the_default_weight_is_kept_when_it_fits():
+    calls = []
+    assert fit_budget(fake(lambda w: 10, calls), [10, 10]) == ("plan", 0.0)
+    assert calls == [0.0]
+
+
+def test_the_weight_grows_then_is_bisected_to_the_fewest_bytes_that_fit():
+    calls = []
+    # fits from weight 5 on: grows 0 -> 1 -> 4 -> 16, then bisects between 4 and 16
+    result = fit_budget(fake(lambda w: 100 if w < 5 else 50, calls), [60, 60])
+    assert calls[:4] == [0.0, 1.0, 4.0, 16.0]
+    assert len(calls) == 4 + 4
+    fitted = result[1]
+    assert 5 <= fitted < 16 and all(c < 5 or c >= fitted for c in calls)
+
+
+def test_no_weight_fits():
+    calls = []
+    with pytest.raises(NoFeasiblePlanError, match="needs 100 B on device 1.*budget is 60 B") \
+            as e:
+        fit_budget(fake(lambda w: 100, calls), [200, 60])
+    assert max(calls) == MAX_WEIGHT and e.value.footprint == 100
+
+
+def test_frontier_of_a_wresnet():
+    sym = models.wresnet(14, 1, 10)
+    shapes = models.input_shapes("wresnet", 8, image_size=32)
+    front = tofu_mx.frontier(sym, [mx.cpu(i) for i in range(4)], weights=(0, 1, 16), **shapes)
+    assert 1 <= len(front.points) <= 3
+    moved = [p.bytes_moved for p in front.points]
+    worst = [p.worst for p in front.points]
+    assert moved == sorted(moved) and worst == sorted(worst, reverse=True)
+    assert front.points[0].worst < 1.3 * front.ideal
+    text = front.report()
+    assert "Pareto front" in text and "/ ideal" in text
