@@ -37,6 +37,7 @@ class TradeOff:
     memory_weight: float
     bytes_moved: float
     memory: tuple[int, ...]          # bytes per device, optimizer state included
+    detail: tuple = ()               # per device, what the bytes are (DeviceMemory rows)
 
     @property
     def worst(self) -> int:
@@ -106,19 +107,25 @@ def fit_budget(measure: Measure, budgets: Sequence[float], start: float = 0.0):
         return min(fitting, key=lambda tr: (tr[0].bytes_moved, tr[0].memory_weight))[1]
     best = min(seen.values(), key=lambda tr: tr[0].worst)[0]
     device = max(range(len(budgets)), key=lambda d: best.memory[d] - budgets[d])
+    what = ""
+    if best.detail:
+        m = best.detail[device]
+        what = (f" (weights {format_bytes(m.weights)}, gradients {format_bytes(m.gradients)}, "
+                f"optimizer {format_bytes(m.optimizer)}, activations "
+                f"{format_bytes(m.activations)})")
     raise NoFeasiblePlanError(
         f"no partition fits: the plan holding least (memory weight {best.memory_weight:g}, "
         f"{format_bytes(best.bytes_moved)} moved per step) needs {format_bytes(best.memory[device])}"
-        f" on device {device} but its budget is {format_bytes(budgets[device])}; use more "
+        f"{what} on device {device} but its budget is {format_bytes(budgets[device])}; use more "
         f"devices, a smaller batch, or a larger budget", best.worst)
 
 
 def trade_off(ptd, weight: float, optimizer_state: float) -> TradeOff:
     """A partitioned symbol's bytes moved and memory per device (optimizer state as the
     options expect: that many bytes per weight byte)."""
-    memory = tuple(dataclasses.replace(m, optimizer=int(m.weights * optimizer_state)).total
-                   for m in ptd.memory_per_device())
-    return TradeOff(weight, ptd.plan.total_bytes, memory)
+    rows = tuple(dataclasses.replace(m, optimizer=int(m.weights * optimizer_state))
+                 for m in ptd.memory_per_device())
+    return TradeOff(weight, ptd.plan.total_bytes, tuple(m.total for m in rows), rows)
 
 
 __all__ = ["FRONTIER_WEIGHTS", "Frontier", "MAX_WEIGHT", "TradeOff", "fit_budget", "pareto",
