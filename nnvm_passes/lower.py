@@ -66,6 +66,9 @@ def lower(graph: Graph, lowering_of: Callable[[Any], Hook | None]) -> Graph:
     """``graph`` with each node that ``lowering_of`` gives a hook for replaced by the hook's
     subgraph (``graph`` itself when no hook lowers anything). Shapes and dtypes are inferred
     afresh; variables keep their names, shapes, dtypes and kinds."""
+    hooks = {i: lowering_of(node) for i, node in enumerate(graph.nodes) if not node.is_variable}
+    if not any(hooks.values()):
+        return graph            # nothing to lower: no JSON round trip
     js = graph_to_json(graph)
     nodes: list[dict] = []
     where: dict[tuple[int, int], Ref] = {}       # (old node, output) -> new entry
@@ -73,7 +76,7 @@ def lower(graph: Graph, lowering_of: Callable[[Any], Hook | None]) -> Graph:
     lowered = False
     for i, node in enumerate(graph.nodes):
         inputs = [where[(e.node, e.index)] for e in node.inputs]
-        hook = None if node.is_variable else lowering_of(node)
+        hook = hooks.get(i)
         outs = None
         if hook is not None:
             hidden = {k: v for k, v in node.attrs.items() if is_hidden_attr(k)}
