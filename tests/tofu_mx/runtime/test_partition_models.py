@@ -2,6 +2,9 @@
 WResNet, the LSTM and the Transformer builders, at k = 2, 3, 4, 6 and 8 CPU devices; outputs,
 every gradient and every aux state equal the single-device graph's (float64, rtol 1e-4).
 
+The default suite runs each zoo net at one k (every k is run by some net); the whole matrix
+of zoo nets and k, about 20 minutes on 2 cores, is marked slow (``make test-slow``).
+
 The zoo nets run at small images so the suite stays fast: their final fixed-size average
 pool (7x7, 13x13 or 8x8 at full size) is made global, which is what it computes at full size.
 """
@@ -37,8 +40,16 @@ def batch_for(k):
     return 24 if k == 8 else 12
 
 
-@pytest.mark.parametrize("k", DEVICES)
-@pytest.mark.parametrize("name", list(ZOO))
+#: the k each zoo net runs at in the default suite
+DEFAULT_K = {"alexnet": 8, "vgg11_bn": 6, "vgg16": 2, "resnet18_v1": 4, "resnet50_v1": 3,
+             "resnet50_v2": 2, "densenet121": 3, "squeezenet1.0": 8, "inceptionv3": 4,
+             "mobilenet1.0": 6, "mobilenetv2_1.0": 3}
+assert set(DEFAULT_K.values()) == set(DEVICES) and set(DEFAULT_K) == set(ZOO)
+
+
+@pytest.mark.parametrize("name,k", [
+    pytest.param(name, k, marks=() if DEFAULT_K[name] == k else pytest.mark.slow)
+    for name in ZOO for k in DEVICES])
 def test_model_zoo(name, k):
     size, b = ZOO[name], batch_for(k)
     ptd, report = partition_and_verify(zoo_symbol(name), k, data=(b, 3, size, size),
