@@ -1,17 +1,26 @@
 """Search benchmark: time and bytes of plans, optimality gap against the ILP, bytes against
-the baselines, DP state width on the model zoo.
+the baselines, DP state width on the model zoo, end-to-end plan() time.
 
-    python bench/search.py            # everything (about 5 minutes on 2 cores)
-    python bench/search.py --quick    # a smaller sweep
+    python bench/search.py                  # everything (about 5 minutes on 2 cores)
+    python bench/search.py --quick          # a smaller sweep
+    python bench/search.py --end-to-end     # the end-to-end section alone
+    python bench/search.py --million        # ... and the 1M-operator synthetic graph
 
 Prints markdown tables and writes them to bench/out/search.md (the run quoted in README is
-kept in bench/results/search.md). Timings are wall-clock seconds
-of plan_graph() (import excluded), measured here, one run each; every model is planned in
-this one process, whose peak resident size is printed at the end. Batches are 48, so that
-every device count tried (2, 3, 4, 6, 8) divides them.
+kept in bench/results/search.md). Timings are wall-clock seconds of plan_graph() (import
+excluded), measured here, one run each; every model is planned in this one process, whose
+peak resident size is printed at the end. The end-to-end section times plan() itself
+(import, lowering, search), warm. Batches are 48, so that every device count tried
+(2, 3, 4, 6, 8) divides them.
 """
 import argparse
+import contextlib
+import cProfile
+import io
+import json
 import os
+import pstats
+import subprocess
 import sys
 import time
 
@@ -60,12 +69,16 @@ def table(header, rows):
 
 def peak_resident() -> str:
     """The process's peak resident size (Linux), for the record that the sweep stays bounded."""
+    found = peak_resident_bytes()
+    return "unknown" if found is None else format_bytes(found)
+
+
+def peak_resident_bytes() -> int | None:
     try:
         with open("/proc/self/status") as f:
-            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+            return 1024 * next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
     except (OSError, StopIteration):
-        return "unknown"
-    return format_bytes(kib * 1024)
+        return None
 
 
 def paper_model_rows(name, sym, shapes):
@@ -100,10 +113,123 @@ def gap_rows_of(name, sym, shapes):
     return rows
 
 
+def end_to_end_models():
+    """The paper's headline models, batch 48, as section 5 plans them (k = 8)."""
+    yield "WResNet-152-W10", models.wresnet(152, 10), models.input_shapes("wresnet", 48)
+    yield ("LSTM-10x8K", models.rnn(10, 8192, 20, 10000),
+           models.input_shapes("rnn", 48, seq_len=20))
+    yield ("Transformer-24x2048", models.transformer(24, 2048, 32, 128, 30000),
+           models.input_shapes("transformer", 48, seq_len=128))
+
+
+@contextlib.contextmanager
+def search_seconds():
+    """A list that receives the seconds each plan() call spends in plan_graph (the search,
+    after import and lowering)."""
+    module = sys.modules["tofu_mx.search.plan"]
+    inner, spent = module.plan_graph, []
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - start)
+    module.plan_graph = timed
+    try:
+        yield spent
+    finally:
+        module.plan_graph = inner
+
+
+def timed_plan(sym, shapes, k: int = 8) -> tuple[float, float]:
+    """``(seconds of one plan() call, seconds of it in the search)``."""
+    with search_seconds() as spent:
+        start = time.perf_counter()
+        tofu_mx.plan(sym, k, **shapes)
+        return time.perf_counter() - start, spent[0]
+
+
+def end_to_end_rows(runs: int = 3):
+    """plan() of each paper model at k = 8, warm (one call first): the fastest and the
+    median of ``runs`` calls, and the median call's search."""
+    rows = []
+    for name, sym, shapes in end_to_end_models():
+        tofu_mx.plan(sym, 8, **shapes)
+        found = sorted(timed_plan(sym, shapes) for _ in range(runs))
+        total, search = found[len(found) // 2]
+        rows.append((name, f"{found[0][0]:.2f}", f"{total:.2f}", f"{search:.2f}",
+                     f"{total - search:.2f}"))
+    return rows
+
+
+def synthetic_alone(n: int) -> dict:
+    """plan() of the n-operator synthetic graph at k = 8 in this process, warmed by a small
+    one first: seconds (building the symbol apart), of them in the search, peak resident."""
+    small, small_shapes = synthetic(1000)
+    tofu_mx.plan(small, 8, **small_shapes)
+    start = time.perf_counter()
+    sym, shapes = synthetic(n)
+    built = time.perf_counter() - start
+    total, search = timed_plan(sym, shapes)
+    return {"operators": n, "build": built, "plan": total, "search": search,
+            "peak": peak_resident_bytes()}
+
+
+def synthetic_in_subprocess(n: int) -> dict:
+    """:func:`synthetic_alone` in a fresh process (its own peak resident size)."""
+    done = subprocess.run([sys.executable, __file__, "--synthetic-alone", str(n)], check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def profile_summary(n: int, rows: int = 15) -> str:
+    """cProfile of one plan() of the n-operator synthetic graph at k = 8: the functions with
+    the most time of their own."""
+    sym, shapes = synthetic(n)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    tofu_mx.plan(sym, 8, **shapes)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(rows)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    lines = [line.replace(root, "").replace(sys.prefix + os.sep, "")
+             for line in text.getvalue().splitlines() if line.strip()]
+    start = next(k for k, line in enumerate(lines) if line.lstrip().startswith("ncalls"))
+    return "\n".join([lines[0].strip()] + lines[start:])
+
+
+def end_to_end_section(million: bool) -> str:
+    rows = end_to_end_rows()
+    text = ["### End to end: plan() at k = 8, warm\n\n" + table(
+        ["model", "fastest s", "median s", "search s", "import + lowering s"], rows)]
+    syn = [synthetic_in_subprocess(n) for n in ((100000, 1000000) if million else (100000,))]
+    text.append(table(["operators", "plan() s", "search s", "import + lowering s",
+                       "building the symbol s", "peak resident (own process)"],
+                      [(f"{r['operators']:,}", f"{r['plan']:.1f}", f"{r['search']:.1f}",
+                        f"{r['plan'] - r['search']:.1f}", f"{r['build']:.1f}",
+                        format_bytes(r["peak"]) if r["peak"] else "unknown") for r in syn]))
+    text.append("cProfile of plan() on 100,000 operators (k = 8), the 15 functions with the "
+                "most time of their own:\n\n```\n" + profile_summary(100000) + "\n```")
+    return "\n\n".join(text)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--end-to-end", action="store_true",
+                        help="run the end-to-end section (5) alone")
+    parser.add_argument("--million", action="store_true",
+                        help="time the 1M-operator synthetic graph too (several minutes)")
+    parser.add_argument("--synthetic-alone", type=int, metavar="N", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.synthetic_alone:
+        print(json.dumps(synthetic_alone(args.synthetic_alone)))
+        return
+    if args.end_to_end:
+        write([end_to_end_section(args.million)])
+        return
     out = []
 
     # 1. paper models: time, bytes, and the baselines, at every k
@@ -159,6 +285,14 @@ def main():
     print(out[-1], flush=True)
 
     out.append(f"Peak resident size of this run, every model in one process: {peak_resident()}")
+    print(out[-1], flush=True)
+
+    # 5. end to end
+    out.append(end_to_end_section(args.million))
+    write(out)
+
+
+def write(out: list[str]) -> None:
     print(out[-1], flush=True)
     os.makedirs(os.path.join(os.path.dirname(__file__), "out"), exist_ok=True)
     with open(os.path.join(os.path.dirname(__file__), "out", "search.md"), "w") as f:

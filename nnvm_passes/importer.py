@@ -27,6 +27,7 @@ LabelInputs = Callable[[str, Mapping[str, Any]], Sequence[int]]
 
 
 _JSON_NODE_KEYS = ("op", "name", "attrs", "inputs")
+_NO_EXTRA = FrozenDict()
 
 
 def check_symbol(symbol: Any, what: str = "symbol") -> mx.sym.Symbol:
@@ -183,7 +184,9 @@ def _infer_dtypes(everything: mx.sym.Symbol, dtypes: dict) -> list:
         raise ShapeInferenceError(
             f"the dtypes of {', '.join(missing[:8])} cannot be inferred from {_fmt(dtypes)}; "
             f"pass dtypes={{name: 'float32', ...}} for them.")
-    return [np.dtype(t).name for t in out_types]
+    names: dict[Any, str] = {}
+    return [names[t] if t in names else names.setdefault(t, np.dtype(t).name)
+            for t in out_types]
 
 
 def _fmt(values: Mapping[str, Any]) -> str:
@@ -194,12 +197,16 @@ def _classify(js: dict, aux: set[str], data_names: set[str],
               label_inputs: LabelInputs | None) -> dict[int, str]:
     """Kind of every variable node: aux state, label, data or parameter."""
     labels: set[int] = set()
+    positions: dict[tuple, Sequence[int]] = {}      # (op, attributes) -> its label inputs
     for node in js["nodes"]:
         if node["op"] == "null" or label_inputs is None:
             continue
-        params = {k: parse_attr_value(v) for k, v in node.get("attrs", {}).items()
-                  if not is_hidden_attr(k)}
-        for pos in label_inputs(node["op"], params):
+        key = (node["op"], tuple(node.get("attrs", {}).items()))
+        if key not in positions:
+            params = {k: parse_attr_value(v) for k, v in node.get("attrs", {}).items()
+                      if not is_hidden_attr(k)}
+            positions[key] = tuple(label_inputs(node["op"], params))
+        for pos in positions[key]:
             if pos < len(node["inputs"]):
                 labels.add(node["inputs"][pos][0])
     kinds = {}
@@ -281,17 +288,33 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
         data_names = _data_inputs(symbol, shapes, arg_names)
     kinds = _classify(js, set(aux_names), set(data_names), label_inputs)
 
+    return Graph(nodes=_nodes(js, out_shapes, out_types, kinds),
+                 heads=tuple(Entry(*e) for e in js["heads"]),
+                 attrs=FrozenDict({k: json.dumps(v) for k, v in js.get("attrs", {}).items()}))
+
+
+def _nodes(js: dict, out_shapes: list, out_types: list[str], kinds: dict[int, str]
+           ) -> tuple[Node, ...]:
+    """The IR's nodes. Equal values are made once and shared (they are immutable): a
+    tensor's shape and dtype, a node's attributes (so that their hash is computed once)."""
+    infos: dict[tuple, TensorInfo] = {}
+    attrs: dict[tuple, FrozenDict] = {}
     nodes, row = [], 0
     row_ptr = js["node_row_ptr"]
     for i, jn in enumerate(js["nodes"]):
-        n_out = row_ptr[i + 1] - row_ptr[i]
-        outputs = tuple(TensorInfo(tuple(int(d) for d in out_shapes[row + k]), out_types[row + k])
-                        for k in range(n_out))
-        row += n_out
+        outputs = []
+        for shape, dtype in zip(out_shapes[row:row_ptr[i + 1]], out_types[row:row_ptr[i + 1]]):
+            if (shape, dtype) not in infos:
+                infos[(shape, dtype)] = TensorInfo(tuple(int(d) for d in shape), dtype)
+            outputs.append(infos[(shape, dtype)])
+        row = row_ptr[i + 1]
+        raw = jn.get("attrs", {})
+        key = tuple(raw.items())
+        if key not in attrs:
+            attrs[key] = FrozenDict(raw)
         extra = {k: json.dumps(v) for k, v in jn.items() if k not in _JSON_NODE_KEYS}
         nodes.append(Node(
-            name=jn["name"], op=jn["op"], attrs=FrozenDict(jn.get("attrs", {})),
-            inputs=tuple(Entry(*e) for e in jn["inputs"]), outputs=outputs,
-            kind=kinds.get(i), extra=FrozenDict(extra)))
-    return Graph(nodes=tuple(nodes), heads=tuple(Entry(*e) for e in js["heads"]),
-                 attrs=FrozenDict({k: json.dumps(v) for k, v in js.get("attrs", {}).items()}))
+            name=jn["name"], op=jn["op"], attrs=attrs[key],
+            inputs=tuple(Entry(*e) for e in jn["inputs"]), outputs=tuple(outputs),
+            kind=kinds.get(i), extra=FrozenDict(extra) if extra else _NO_EXTRA))
+    return tuple(nodes)

@@ -17,13 +17,24 @@ next level sees (Tofu's recursion).
 3. *ties*: the time steps of an unrolled RNN get one choice: groups that read the same
    parameter with the same structure (operators, attributes, shapes) are tied, and so,
    repeatedly, are the groups that each copy of a tied family alone feeds or is fed by with
-   one structure. (Tying every structurally identical group, ResNet units say, would keep
-   far-apart nodes in the DP's frontier: measured, it made WResNet's states 32x larger.)
+   one structure (:mod:`tofu_mx.search.ties`). (Tying every structurally identical group,
+   ResNet units say, would keep far-apart nodes in the DP's frontier: measured, it made
+   WResNet's states 32x larger.)
 
 **Choices.** A group's choice is its leader's strategy and the layout its outputs are stored
 in: as computed when the strategy splits them, else (partial sums, replicated computation)
 one choice per axis to store them split on. Every operator can also run *replicated* (each
 part computes it whole): the fallback for opaque operators and indivisible shapes.
+
+**Work done once per structure.** Graphs repeat themselves (ResNet units, RNN steps,
+Transformer layers), so a cut works per distinct structure, not per operator: operators
+with one operator, attributes and work view are one *kind*, analysed once; copies whose
+members have the same kinds, stored shards, dtypes and wiring are resolved once per
+choice, with one producer cost; edges whose ends resolve alike share one cost matrix
+(read-only). What no level changes (which operators may follow, which tensors carry a
+gradient, the ties of a coarsening already seen) is a
+:class:`~tofu_mx.search.structure.GraphStructure`, made once per graph and shared by every cut
+of every factor order.
 """
 from __future__ import annotations
 
@@ -33,13 +44,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from nnvm_passes.backward import backward_reads
 from nnvm_passes.ir import Graph
+from tofu_mx.search import ties
 from tofu_mx.search.cost import consumer_bytes, converted_bytes, producer_bytes
 from tofu_mx.search.problem import Problem, make_problem
+from tofu_mx.search.structure import GraphStructure, needs_grad_of
 from tofu_mx.tdl.analysis import Layout, Strategy
 from tofu_mx.tdl.annotate import annotate, replicate_strategy
-from tofu_mx.tdl.registry import facts
 
 Shape = tuple[int, ...]
 StoreLayout = tuple  # ("split", axis) or ("replicated",)
@@ -84,6 +95,15 @@ def _store_layouts(shape: Shape, parts: int) -> tuple[StoreLayout, ...]:
     return tuple(found) or (REPLICATED,)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _storable(shape: Shape, shard: Shape, parts: int) -> tuple[StoreLayout, ...]:
+    """Layouts an output of work-view ``shape`` whose stored shard is ``shard`` may be stored
+    in: axes the cut divides in both."""
+    ok = tuple(lay for lay in _store_layouts(shape, parts)
+               if lay == REPLICATED or shard[lay[1]] % parts == 0)
+    return ok or (REPLICATED,)
+
+
 def layout_name(layout: StoreLayout) -> str:
     return "replicated" if layout[0] == "replicated" else f"split({layout[1]})"
 
@@ -98,7 +118,8 @@ class Group:
 
     @property
     def first(self) -> int:
-        return min(m for copy in self.copies for m in copy)
+        """Its smallest member (a copy's first member is its smallest)."""
+        return min(copy[0] for copy in self.copies)
 
 
 def _preserves_layout(strats: list[Strategy], in_shape: Shape, out_shape: Shape,
@@ -122,127 +143,151 @@ def _preserves_layout(strats: list[Strategy], in_shape: Shape, out_shape: Shape,
 
 
 class Cut:
-    """The problem of one cut into ``parts`` at one view, and how to read its solution."""
+    """The problem of one cut into ``parts`` at one view, and how to read its solution.
+
+    Per-structure tables (see the module's docstring): ``_kind_of`` (operator -> kind),
+    ``_shape_id`` (operator -> kind and stored shards), ``_copy_keys`` (a copy's first
+    member -> its structure id), and the memos ``_rows`` and ``_bytes`` (a structure and a
+    choice -> its members' resolution, its producer bytes), ``_choice_sets`` (shape id of a
+    leader -> its choices), ``_resolutions`` (a group's choices and copy structures -> its
+    rows and producer costs), ``_interned`` (each distinct tuple of layouts or regions, by
+    id), ``_ends`` (a copy structure -> the ids of what its members hold and read) and
+    ``_matrices`` (an edge's ends -> its cost matrices)."""
 
     def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True,
-                 needs_grad: dict | None = None, memory_weight: float = 0.0):
+                 needs_grad: dict | None = None, memory_weight: float = 0.0,
+                 structure: GraphStructure | None = None):
         self.graph, self.view, self.parts = graph, view, parts
         self.memory_weight = memory_weight
-        self.ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
-        self.strats = {i: op_strategies(graph, i, view, parts) for i in self.ops}
-        self.needs_grad = needs_grad_of(graph) if needs_grad is None else needs_grad
+        self.structure = structure if structure is not None else \
+            GraphStructure.of(graph, needs_grad)
+        self.needs_grad = self.structure.needs_grad
+        self.ops = list(self.structure.ops)
+        self.variables = list(self.structure.variables)
+        self._classify()
         self.follow: dict[int, dict[int, int]] = {}
+        self._copy_keys: dict[int, int] = {}
         self.groups = self._coarsen(tie)
-        self.variables = [i for i, n in enumerate(graph.nodes) if n.is_variable]
-        self.var_layouts = {v: store_layouts(view.var[v], parts) for v in self.variables}
+        by_shape: dict[Shape, list[StoreLayout]] = {}    # one list per shape, shared
+        self.var_layouts = {}
+        for v in self.variables:
+            if view.var[v] not in by_shape:
+                by_shape[view.var[v]] = store_layouts(view.var[v], parts)
+            self.var_layouts[v] = by_shape[view.var[v]]
+        self._rows: dict[tuple, tuple] = {}
+        self._bytes: dict[tuple, int] = {}
+        self._choice_sets: dict[int, tuple] = {}
+        self._resolutions: dict[tuple, tuple] = {}
+        self._interned: list[tuple] = []
+        self._intern_ids: dict[tuple, int] = {}
+        self._ends: dict[tuple, int | tuple] = {}
+        self._matrices: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         for g in self.groups:
             self._enumerate_choices(g)
+
+    def _classify(self) -> None:
+        """Each operator's kind (one analysis per operator, attributes and work view) and
+        shape id (its kind and the stored shards of its outputs)."""
+        nodes, view = self.graph.nodes, self.view
+        kinds: dict[tuple, int] = {}
+        shapes: dict[tuple, int] = {}
+        strategies: list[list[Strategy]] = []
+        self._kind_of, self._shape_id, self.strats = {}, {}, {}
+        for i in self.ops:
+            node = nodes[i]
+            kind = kinds.setdefault((node.op, node.attrs, view.op_in[i], view.op_out[i]),
+                                    len(kinds))
+            if kind == len(strategies):
+                strategies.append(op_strategies(self.graph, i, view, self.parts))
+            shards = tuple(view.shard[(i, k)] for k in range(len(node.outputs)))
+            self._kind_of[i] = kind
+            self._shape_id[i] = shapes.setdefault((kind, shards), len(shapes))
+            self.strats[i] = strategies[kind]
 
     # --- coarsening -------------------------------------------------------------------------
     def _coarsen(self, tie: bool) -> list[Group]:
         owner: dict[int, list[int]] = {}
         copies: list[list[int]] = []
+        rules: dict[int, dict[int, int] | None] = {}     # kind -> its rule
+        nodes, view, may_follow = self.graph.nodes, self.view, self.structure.may_follow
         for i in self.ops:
-            node = self.graph.nodes[i]
-            src = node.inputs[0].node if node.inputs else None
             rule = None
-            if src is not None and not self.graph.nodes[src].is_variable and \
-                    len(node.outputs) == 1 and node.inputs[0].index == 0:
-                rule = _preserves_layout(self.strats[i], self.view.op_in[i][0],
-                                         self.view.op_out[i][0], self.parts)
+            if i in may_follow:
+                kind = self._kind_of[i]
+                if kind not in rules:
+                    rules[kind] = _preserves_layout(self.strats[i], view.op_in[i][0],
+                                                    view.op_out[i][0], self.parts)
+                rule = rules[kind]
             if rule is not None:
                 self.follow[i] = rule
-                owner[i] = owner[src]
+                owner[i] = owner[nodes[i].inputs[0].node]
                 owner[i].append(i)
             else:
                 owner[i] = [i]
                 copies.append(owner[i])
-        if not tie:
-            return [Group([c]) for c in copies]
-        return self._tie(copies)
+        positions = [self._positions(c) for c in copies]
+        self._key_copies(copies, positions)
+        if not tie or not any(len({owner[m][0] for m in ms}) > 1
+                              for ms in self.structure.shared_params):
+            return [Group([c]) for c in copies]    # no parameter is read by two copies
+        return self._tie(copies, positions)
 
-    def _tie(self, copies: list[list[int]]) -> list[Group]:
-        """Tie the copies of an unrolled RNN step: groups that read the same parameter with the
-        same structure, then, repeatedly, the groups that each copy of a tied family feeds
-        (or is fed by) alone with one structure."""
-        signatures: dict[int, int] = {}
-        interned: dict[tuple, int] = {}
+    def _positions(self, copy: list[int]) -> tuple:
+        """For each member, the position in ``copy`` of its first input's producer (None for
+        the leader): the copy's wiring."""
+        if len(copy) == 1:
+            return (None,)
+        position = {m: k for k, m in enumerate(copy)}
+        nodes = self.graph.nodes
+        return tuple(position.get(nodes[m].inputs[0].node) if nodes[m].inputs else None
+                     for m in copy)
 
-        def sig(k: int) -> int:   # computed only for the copies that ties can reach, as an id
-            if k not in signatures:
-                signatures[k] = interned.setdefault(self._signature(copies[k]), len(interned))
-            return signatures[k]
+    def _key_copies(self, copies: list[list[int]], positions: list[tuple]) -> None:
+        """Each copy's structure id: its members' shape ids, dtypes, gradients and wiring."""
+        ids: dict[tuple, int] = {}
+        outputs_id = self.structure.outputs_id
+        for copy, wiring in zip(copies, positions):
+            key = tuple((self._shape_id[m], outputs_id[m], p) for m, p in zip(copy, wiring))
+            self._copy_keys[copy[0]] = ids.setdefault(key, len(ids))
+
+    def _tie(self, copies: list[list[int]], positions: list[tuple]) -> list[Group]:
+        """Tie the copies of an unrolled RNN step (:func:`tofu_mx.search.ties.tie`), or reuse
+        the ties of an earlier level with the same followers and signatures."""
+        ids: dict[tuple, int] = {}
+        signature = [ids.setdefault(tuple(zip((self._kind_of[m] for m in copy), wiring)),
+                                    len(ids)) for copy, wiring in zip(copies, positions)]
+        key = (tuple(self.follow), tuple(signature))
+        families = self.structure.tie_memo.get(key)
+        if families is None:
+            params, producers = self._inputs_by_copy(copies)
+            families = ties.tie(signature, ties.readers(params), producers)
+            self.structure.remember_ties(key, families)
+        return [Group([copies[k] for k in family]) for family in families]
+
+    def _inputs_by_copy(self, copies: list[list[int]]) -> tuple[list[list[int]],
+                                                                list[list[int]]]:
+        """The parameters each copy reads, and the copies it reads from (itself left out),
+        in member and input order."""
+        nodes = self.graph.nodes
         of_node = {m: k for k, c in enumerate(copies) for m in c}
-        parent = list(range(len(copies)))
-
-        def find(a):
-            while parent[a] != a:
-                parent[a] = parent[parent[a]]
-                a = parent[a]
-            return a
-
-        def union(a, b):
-            a, b = find(a), find(b)
-            if a != b and sig(a) == sig(b):
-                parent[max(a, b)] = min(a, b)
-                return True
-            return False
-
-        readers: dict[int, list[int]] = {}
-        succ: list[set[int]] = [set() for _ in copies]
-        pred: list[set[int]] = [set() for _ in copies]
+        params: list[list[int]] = []
+        producers: list[list[int]] = []
         for k, c in enumerate(copies):
+            params.append([])
+            producers.append([])
             for m in c:
-                for e in self.graph.nodes[m].inputs:
-                    src = self.graph.nodes[e.node]
+                for e in nodes[m].inputs:
+                    src = nodes[e.node]
                     if src.is_variable and src.kind == "param":
-                        readers.setdefault(e.node, []).append(k)
+                        params[-1].append(e.node)
                     elif not src.is_variable and of_node[e.node] != k:
-                        succ[of_node[e.node]].add(k)
-                        pred[k].add(of_node[e.node])
-        for ks in readers.values():
-            first_of: dict[int, int] = {}
-            for k in ks:
-                union(first_of.setdefault(sig(k), k), k)
-        changed = True
-        while changed:
-            changed = False
-            families: dict[int, list[int]] = {}
-            for k in range(len(copies)):
-                families.setdefault(find(k), []).append(k)
-            for members in families.values():
-                if len(members) < 2:
-                    continue
-                for links in (succ, pred):
-                    by_sig: dict[int, list[int]] = {}
-                    for k in members:
-                        for n in links[k]:
-                            by_sig.setdefault(sig(n), []).append(n)
-                    for ns in by_sig.values():
-                        if len(ns) == len(members) and len(set(map(find, ns))) == len(ns):
-                            for n in ns[1:]:
-                                changed |= union(ns[0], n)
-        groups: dict[int, Group] = {}
-        for k, c in enumerate(copies):
-            groups.setdefault(find(k), Group([])).copies.append(c)
-        return list(groups.values())
+                        producers[-1].append(of_node[e.node])
+        return params, producers
 
-    def _signature(self, members: list[int]) -> tuple:
-        position = {m: k for k, m in enumerate(members)}
-        parts = []
-        for m in members:
-            node = self.graph.nodes[m]
-            parts.append((node.op, node.attrs, self.view.op_in[m], self.view.op_out[m],
-                          position.get(node.inputs[0].node) if node.inputs else None))
-        return tuple(parts)
-
-    def _layouts_for(self, member: int, j: int) -> list[StoreLayout]:
+    def _layouts_for(self, member: int, j: int) -> tuple[StoreLayout, ...]:
         """Layouts output ``j`` may be stored in: axes the cut divides in its work view and in
         its stored shard alike."""
-        shard = self.view.shard[(member, j)]
-        ok = [lay for lay in store_layouts(self.view.op_out[member][j], self.parts)
-              if lay == REPLICATED or shard[lay[1]] % self.parts == 0]
-        return ok or [REPLICATED]
+        return _storable(self.view.op_out[member][j], self.view.shard[(member, j)], self.parts)
 
     def _as_computed(self, s: Strategy, j: int, member: int) -> StoreLayout | None:
         """The split output ``j`` is computed in, when it can be stored that way (no move)."""
@@ -254,37 +299,61 @@ class Cut:
         return None
 
     def _enumerate_choices(self, group: Group) -> None:
+        """The group's choices, from its leader (computed once per leader shape id)."""
         leader = group.copies[0][0]
-        for k, s in enumerate(self.strats[leader]):
-            if self._as_computed(s, 0, leader) is not None:
-                group.choices.append((k, None))
-                group.labels.append(f"{s.name}")
-                continue
-            for layout in self._layouts_for(leader, 0):
-                group.choices.append((k, layout))
-                group.labels.append(f"{s.name} -> {layout_name(layout)}")
+        shape_id = self._shape_id[leader]
+        if shape_id not in self._choice_sets:
+            choices, labels = [], []
+            for k, s in enumerate(self.strats[leader]):
+                if self._as_computed(s, 0, leader) is not None:
+                    choices.append((k, None))
+                    labels.append(f"{s.name}")
+                    continue
+                for layout in self._layouts_for(leader, 0):
+                    choices.append((k, layout))
+                    labels.append(f"{s.name} -> {layout_name(layout)}")
+            self._choice_sets[shape_id] = (tuple(choices), tuple(labels))
+        choices, labels = self._choice_sets[shape_id]
+        group.choices.extend(choices)
+        group.labels.extend(labels)
 
     # --- resolving a choice -----------------------------------------------------------------
     def resolve(self, group: Group, choice: int) -> dict[int, tuple[Strategy, tuple]]:
         """member -> (its strategy, the stored layout of each of its outputs)."""
-        k, store = group.choices[choice]
-        result = {}
+        found = {}
         for copy in group.copies:
-            leader = copy[0]
-            s = self.strats[leader][k]
-            result[leader] = (s, self._stored_all(leader, s, store))
-            for m in copy[1:]:
-                src = self.graph.nodes[m].inputs[0].node
-                src_layout = result[src][1][self.graph.nodes[m].inputs[0].index]
-                rule = self.follow[m]
-                if src_layout[0] == "split" and src_layout[1] in rule and \
-                        src_layout in self._layouts_for(m, 0):
-                    fs = self.strats[m][rule[src_layout[1]]]
-                    result[m] = (fs, (src_layout,))
-                else:   # its input is stored whole: read it whole, compute all of it
-                    fs = replicate_strategy(self.view.op_in[m], self.view.op_out[m], self.parts)
-                    result[m] = (fs, self._stored_all(m, fs, None))
-        return result
+            found.update(zip(copy, self._row(copy, group.choices[choice])))
+        return found
+
+    def _row(self, copy: list[int], choice: tuple) -> tuple:
+        """The copy's members' (strategy, stored layouts) under ``choice``, in copy order:
+        resolved once per copy structure and choice."""
+        key = (self._copy_keys[copy[0]], choice)
+        if key not in self._rows:
+            row = self._resolve_copy(copy, choice)
+            self._rows[key] = row
+            self._bytes[key] = self._producer_bytes(copy, row)
+        return self._rows[key]
+
+    def _resolve_copy(self, copy: list[int], choice: tuple) -> tuple:
+        """Each member's (strategy, stored layouts): the leader's from ``choice``, each
+        follower's from how its first input is stored."""
+        k, store = choice
+        leader = copy[0]
+        s = self.strats[leader][k]
+        result = {leader: (s, self._stored_all(leader, s, store))}
+        for m in copy[1:]:
+            src = self.graph.nodes[m].inputs[0].node
+            src_layout = result[src][1][self.graph.nodes[m].inputs[0].index]
+            rule = self.follow[m]
+            if src_layout[0] == "split" and src_layout[1] in rule and \
+                    src_layout in self._layouts_for(m, 0):
+                fs = self.strats[m][rule[src_layout[1]]]
+                result[m] = (fs, (src_layout,))
+            else:   # its input is stored whole: read it whole, compute all of it
+                fs = _replicated(self.view.op_in[m], self.view.op_out[m], self.parts)
+                result[m] = (fs, self._stored_all(m, fs, None))
+        return tuple(result[m] for m in copy)
 
     def _stored_all(self, member: int, s: Strategy, store: StoreLayout | None) -> tuple:
         """Stored layout of every output; a hidden output the description does not cover (a
@@ -305,6 +374,32 @@ class Cut:
             return store
         return options[0]
 
+    def _producer_bytes(self, copy: list[int], row: tuple) -> int:
+        """Bytes to bring what the copy's members compute into their stored layouts."""
+        total = 0
+        for m, (s, stored) in zip(copy, row):
+            for j, layout in enumerate(stored[:len(s.outputs)]):
+                total += _producer(layout, self.view.op_out[m][j], s.outputs[j],
+                                   s.output_layouts[j].kind == "partial",
+                                   self.structure.itemsize[(m, j)], self.needs_grad[(m, j)])
+        return total
+
+    def _resolution(self, group: Group) -> tuple["Resolution", np.ndarray]:
+        """The group's :class:`Resolution` and the producer cost of each of its choices
+        (computed once per choice set and copy structures; the cost is read-only)."""
+        keys = tuple(self._copy_keys[copy[0]] for copy in group.copies)
+        choices_id = self._shape_id[group.copies[0][0]]
+        if (choices_id, keys) not in self._resolutions:
+            rows, unary = [], []
+            for choice in group.choices:
+                rows.append(tuple(self._row(copy, choice) for copy in group.copies))
+                unary.append(float(sum(self._bytes[(key, choice)] for key in keys)))
+            cost = np.array(unary, dtype=np.float64)
+            cost.flags.writeable = False
+            self._resolutions[(choices_id, keys)] = (tuple(rows), cost)
+        rows, cost = self._resolutions[(choices_id, keys)]
+        return Resolution(tuple(map(tuple, group.copies)), rows, keys, choices_id), cost
+
     # --- the problem ------------------------------------------------------------------------
     def problem(self) -> "CutProblem":
         """The labelling problem of this cut: one node per group and per variable, in graph
@@ -314,89 +409,144 @@ class Cut:
         nodes.sort(key=lambda t: t[0])
         slots = tuple(obj for _, obj in nodes)
         slot_of: dict[int, int] = {}
-        for k, obj in enumerate(slots):
-            members = [m for copy in obj.copies for m in copy] if isinstance(obj, Group) else [obj]
-            slot_of.update((m, k) for m in members)
         names, choices, unary, resolved = [], [], [], []
-        for obj in slots:
+        variable_choices: dict[Shape, tuple] = {}     # shape -> (labels, layouts, zero costs)
+        for k, obj in enumerate(slots):
             if isinstance(obj, Group):
+                for copy in obj.copies:
+                    slot_of.update((m, k) for m in copy)
                 names.append(self.graph.nodes[obj.copies[0][0]].name)
                 choices.append(obj.labels)
-                rs = tuple(self.resolve(obj, c) for c in range(len(obj.choices)))
-                resolved.append(rs)
-                unary.append(np.array([self._producer_cost(r) for r in rs], dtype=np.float64))
+                resolution, cost = self._resolution(obj)
+                resolved.append(resolution)
+                unary.append(cost)
             else:
+                slot_of[obj] = k
                 names.append(self.graph.nodes[obj].name)
-                choices.append([layout_name(x) for x in self.var_layouts[obj]])
-                resolved.append(tuple(self.var_layouts[obj]))
-                unary.append(np.zeros(len(self.var_layouts[obj])))
+                shape = self.view.var[obj]
+                if shape not in variable_choices:
+                    found = self.var_layouts[obj]
+                    variable_choices[shape] = ([layout_name(x) for x in found], tuple(found),
+                                               np.zeros(len(found)))
+                labels, layouts, zeros = variable_choices[shape]
+                choices.append(labels)
+                resolved.append(layouts)
+                unary.append(zeros)
+        edges = self._edges(slots, slot_of, resolved)
+        bytes_problem = make_problem(names, choices, unary, [e[:3] for e in edges])
+        weighted = bytes_problem if not self.memory_weight else make_problem(
+            names, choices, unary, [(u, v, w) for u, v, _, w in edges])
+        return CutProblem(weighted, bytes_problem, slots, slot_of, tuple(resolved))
+
+    def _edges(self, slots: tuple, slot_of: dict[int, int], resolved: list) -> list[tuple]:
+        """``(source slot, slot, bytes moved, weighted cost)`` for each input of each member,
+        each matrix indexed by the source's and this slot's choices. Tied copies (RNN steps)
+        reading the same tensor in the same region share one fetched copy, and sum their
+        gradients before reducing it: one edge."""
+        inputs_of, facts_of = self.structure.inputs, self.structure.tensor_facts
+        held, matrices = self._held(slots, resolved), self._matrices
         edges, seen = [], set()
         for k, obj in enumerate(slots):
             if not isinstance(obj, Group):
                 continue
-            for copy in obj.copies:
-                for m in copy:
-                    for j, entry in enumerate(self.graph.nodes[m].inputs):
-                        # Tied copies (RNN steps) reading the same tensor in the same region
-                        # share one fetched copy, and sum their gradients before reducing it.
-                        key = (k, entry.node, entry.index, self.view.op_in[m][j],
-                               tuple(r[m][0].inputs[j] for r in resolved[k]))
-                        if key not in seen:
-                            seen.add(key)
-                            edges.append(self._edge(k, m, j, entry, slot_of, resolved))
-        bytes_problem = make_problem(names, choices, unary, [e[:3] for e in edges])
-        weighted = bytes_problem if not self.memory_weight else make_problem(
-            names, choices, unary,
-            [(u, v, b + self.memory_weight * kept) for u, v, b, kept in edges])
-        return CutProblem(weighted, bytes_problem, slots, slot_of, tuple(resolved))
+            for c, copy in enumerate(obj.copies):
+                for p, j, read in self._reads(resolved[k], c, copy):
+                    tensor = inputs_of[copy[p]][j]
+                    if (k, tensor, read) in seen:
+                        continue
+                    seen.add((k, tensor, read))
+                    src = slot_of[tensor[0]]
+                    kept = bool(self.memory_weight) and \
+                        self.structure.keeps_input(self.graph, copy[p], j)
+                    key = (held[tensor], read, facts_of[tensor], kept, src == k)
+                    if key not in matrices:
+                        matrices[key] = self._edge_matrices(*key)
+                    edges.append((src, k) + matrices[key])
+        return edges
 
-    def _edge(self, k: int, member: int, j: int, entry, slot_of: dict[int, int],
-              resolved: list):
-        """``(source slot, slot, bytes moved, bytes of converted copies the backward pass
-        keeps)``, each matrix indexed by the source's and this slot's choices."""
-        src_slot = slot_of[entry.node]
-        tensor = self.graph.nodes[entry.node].outputs[entry.index]
-        grad = self.needs_grad[(entry.node, entry.index)]
-        shape = self.view.op_in[member][j]
-        itemsize = np.dtype(tensor.dtype).itemsize
-        if self.graph.nodes[entry.node].is_variable:
-            src_layouts = resolved[src_slot]
+    def _held(self, slots: tuple, resolved: list) -> dict[tuple[int, int], int]:
+        """Tensor -> id of the layout it is stored in, per choice of its slot."""
+        held = {}
+        for k, obj in enumerate(slots):
+            if isinstance(obj, Group):
+                for c, copy in enumerate(obj.copies):
+                    key = ("held", resolved[k].choices_id, resolved[k].keys[c])
+                    if key not in self._ends:
+                        rows = resolved[k].rows
+                        self._ends[key] = tuple(
+                            tuple(self._intern(tuple(row[c][p][1][i] for row in rows))
+                                  for i in range(len(self.graph.nodes[m].outputs)))
+                            for p, m in enumerate(copy))
+                    for m, outs in zip(copy, self._ends[key]):
+                        held.update(((m, index), h) for index, h in enumerate(outs))
+            else:   # a variable: its layouts are its choices
+                key = ("variable", self.view.var[obj])
+                if key not in self._ends:
+                    self._ends[key] = self._intern(tuple(resolved[k]))
+                held[(obj, 0)] = self._ends[key]
+        return held
+
+    def _reads(self, resolution: "Resolution", c: int, copy: list[int]) -> tuple:
+        """``(member position, input, read id)`` for each input of each member of copy ``c``:
+        the id of what it reads of the input under each choice and the input's work-view
+        shape. Computed once per choice set and copy structure."""
+        key = ("reads", resolution.choices_id, resolution.keys[c])
+        if key not in self._ends:
+            rows, op_in = resolution.rows, self.view.op_in
+            self._ends[key] = tuple(
+                (p, j, self._intern((tuple(row[c][p][0].inputs[j] for row in rows),
+                                     op_in[m][j])))
+                for p, m in enumerate(copy) for j in range(len(op_in[m])))
+        return self._ends[key]
+
+    def _intern(self, value: tuple) -> int:
+        """One id per distinct value (layouts or regions per choice)."""
+        if value not in self._intern_ids:
+            self._intern_ids[value] = len(self._interned)
+            self._interned.append(value)
+        return self._intern_ids[value]
+
+    def _edge_matrices(self, held: int, read: int, facts: int, kept: bool,
+                       inside: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``(bytes moved, weighted cost)`` from the layouts a tensor is held in (``held``, per
+        choice of its slot) to what a member reads of it (``read``: per choice, and the
+        tensor's shape); ``facts``: its itemsize and gradient; ``kept``: a converted copy
+        lives until the backward pass; ``inside``: both in one group, moving together.
+        Computed once per distinct edge; the matrices are shared, read-only."""
+        layouts, (regions, shape) = self._interned[held], self._interned[read]
+        itemsize, grad = self.structure.facts_of_tensors[facts]
+        if inside:
+            cost = np.diag(np.array([_consumer(layouts[c], shape, regions[c], itemsize, grad)
+                                     for c in range(len(regions))], dtype=np.float64))
+            buf = np.diag(np.array([_buffer(layouts[c], shape, regions[c], itemsize)
+                                    if kept else 0 for c in range(len(regions))],
+                                   dtype=np.float64))
         else:
-            src_layouts = [r[entry.node][1][entry.index] for r in resolved[src_slot]]
-        needs = [r[member][0].inputs[j] for r in resolved[k]]
-        kept = self.memory_weight and self._keeps_input(member, j)
-        if src_slot == k:   # inside the group: both ends move together
-            cost = [_consumer(src_layouts[c], shape, needs[c], itemsize, grad)
-                    for c in range(len(needs))]
-            buf = [_buffer(src_layouts[c], shape, needs[c], itemsize) if kept else 0
-                   for c in range(len(needs))]
-            return (k, k, np.diag(np.array(cost, dtype=np.float64)),
-                    np.diag(np.array(buf, dtype=np.float64)))
-        m = np.array([[_consumer(a, shape, need, itemsize, grad) for need in needs]
-                      for a in src_layouts], dtype=np.float64)
-        buf = np.array([[_buffer(a, shape, need, itemsize) if kept else 0 for need in needs]
-                        for a in src_layouts], dtype=np.float64)
-        return (src_slot, k, m, buf)
+            cost = np.array([[_consumer(a, shape, need, itemsize, grad) for need in regions]
+                             for a in layouts], dtype=np.float64)
+            buf = np.array([[_buffer(a, shape, need, itemsize) if kept else 0
+                             for need in regions] for a in layouts], dtype=np.float64)
+        weighted = cost + self.memory_weight * buf if self.memory_weight else cost
+        cost.flags.writeable = weighted.flags.writeable = False
+        return cost, weighted
 
-    def _keeps_input(self, member: int, j: int) -> bool:
-        """Whether operator ``member``'s gradient reads its input ``j`` (so a converted copy
-        of it lives until the backward pass)."""
-        node = self.graph.nodes[member]
-        if not any(self.needs_grad[(member, o)] for o in range(len(node.outputs))):
-            return False
-        return j in backward_reads(node, self.graph)[0]
 
-    def _producer_cost(self, resolved: dict) -> float:
-        total = 0
-        for m, (s, stored) in resolved.items():
-            for j, layout in enumerate(stored):
-                tensor = self.graph.nodes[m].outputs[j]
-                if j >= len(s.outputs):
-                    continue
-                total += _producer(layout, self.view.op_out[m][j], s.outputs[j],
-                                   s.output_layouts[j].kind == "partial",
-                                   np.dtype(tensor.dtype).itemsize, self.needs_grad[(m, j)])
-        return float(total)
+@dataclass(frozen=True)
+class Resolution:
+    """A group's choices resolved: ``rows[choice][c]`` holds each member of copy ``c`` as
+    ``(Strategy, stored layouts)``, in copy order. Copies of one structure share their rows
+    (each is computed once), so a choice costs one reference per copy, not one per member."""
+
+    copies: tuple[tuple[int, ...], ...]
+    rows: tuple[tuple[tuple, ...], ...]
+    keys: tuple[int, ...]       # each copy's structure id
+    choices_id: int             # its choices' id (the shape id of its leader)
+
+    def members(self, choice: int) -> dict[int, tuple[Strategy, tuple]]:
+        found = {}
+        for copy, row in zip(self.copies, self.rows[choice]):
+            found.update(zip(copy, row))
+        return found
 
 
 @dataclass(frozen=True)
@@ -407,15 +557,17 @@ class CutProblem:
     bytes_problem: Problem            # the same choices, costed in bytes moved alone
     slots: tuple                      # problem node -> its Group, or a variable's node index
     slot_of: Mapping[int, int]        # graph node -> problem node
-    resolved: tuple                   # problem node -> per choice: a group's
-    #                                   {member: (Strategy, stored layouts)}, a variable's layout
+    resolved: tuple                   # problem node -> a group's Resolution, or a variable's
+    #                                   layout per choice
 
     def members(self, assignment: Sequence[int]) -> dict[int, tuple[Strategy, tuple]]:
         """Every operator's strategy and stored output layouts under ``assignment``."""
         found = {}
         for slot, obj in enumerate(self.slots):
             if isinstance(obj, Group):
-                found.update(self.resolved[slot][assignment[slot]])
+                resolution = self.resolved[slot]
+                for copy, row in zip(resolution.copies, resolution.rows[assignment[slot]]):
+                    found.update(zip(copy, row))
         return found
 
     def var_layouts(self, assignment: Sequence[int]) -> dict[int, StoreLayout]:
@@ -428,7 +580,7 @@ class CutProblem:
         variable) under ``choice``."""
         obj = self.slots[slot]
         if isinstance(obj, Group):
-            return self.resolved[slot][choice][obj.copies[0][0]][1][0]
+            return self.resolved[slot].rows[choice][0][0][1][0]
         return self.resolved[slot][choice]
 
 
@@ -447,37 +599,26 @@ def _producer(layout, shape, produced, partial, itemsize, grad):
     return producer_bytes(layout, shape, produced, partial, itemsize, grad)
 
 
-def needs_grad_of(graph: Graph) -> dict[tuple[int, int], bool]:
-    """Whether each tensor carries a gradient: parameters do, and whatever is computed from
-    them, except through an operator that declares no gradient (BlockGrad, argmax)."""
-    grad: dict[tuple[int, int], bool] = {}
-    for i, node in enumerate(graph.nodes):
-        if node.is_variable:
-            grad[(i, 0)] = node.kind == "param"
-            continue
-        flows = facts(node.op, node.params).gradient and \
-            any(grad[(e.node, e.index)] for e in node.inputs)
-        for k in range(len(node.outputs)):
-            grad[(i, k)] = flows
-    return grad
+@functools.lru_cache(maxsize=1 << 12)
+def _replicated(in_shapes: tuple, out_shapes: tuple, parts: int) -> Strategy:
+    return replicate_strategy(in_shapes, out_shapes, parts)
 
 
 def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
               var_layout: dict[int, StoreLayout]) -> View:
-    """The work view of one part after this cut: what each operator reads and computes."""
+    """The work view of one part after this cut: what each operator reads and computes.
+    Operators of one shape id resolved alike get one computation (keyed by the strategy's
+    identity, as hashing a Strategy is slow: they are all alive in ``resolved_by_member``)."""
     op_in, op_out, var, shard = {}, {}, {}, {}
+    found: dict[tuple, tuple] = {}
     for i in cut.ops:
         s, stored = resolved_by_member[i]
-        for k, layout in enumerate(stored):
-            shape = list(cut.view.shard[(i, k)])
-            if layout[0] == "split":
-                shape[layout[1]] //= cut.parts
-            shard[(i, k)] = tuple(shape)
-        op_in[i] = tuple(_box_shape(s.inputs[j], cut.view.op_in[i][j])
-                         for j in range(len(cut.view.op_in[i])))
-        op_out[i] = tuple(_box_shape(s.outputs[k], cut.view.op_out[i][k])
-                          if k < len(s.outputs) and s.output_layouts[k].kind != "partial"
-                          else cut.view.op_out[i][k] for k in range(len(cut.view.op_out[i])))
+        key = (cut._shape_id[i], id(s), stored)
+        if key not in found:
+            found[key] = _next_shapes(cut, i, s, stored)
+        shards, op_in[i], op_out[i] = found[key]
+        for k, shape in enumerate(shards):
+            shard[(i, k)] = shape
     for v in cut.variables:
         shape = list(cut.view.var[v])
         layout = var_layout[v]
@@ -487,6 +628,22 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
     return View(op_in, op_out, var, shard)
 
 
+def _next_shapes(cut: Cut, i: int, s: Strategy, stored: tuple) -> tuple:
+    """``(stored shards, work-view inputs, work-view outputs)`` of operator ``i`` next level."""
+    shards = []
+    for k, layout in enumerate(stored):
+        shape = list(cut.view.shard[(i, k)])
+        if layout[0] == "split":
+            shape[layout[1]] //= cut.parts
+        shards.append(tuple(shape))
+    ins = tuple(_box_shape(s.inputs[j], cut.view.op_in[i][j])
+                for j in range(len(cut.view.op_in[i])))
+    outs = tuple(_box_shape(s.outputs[k], cut.view.op_out[i][k])
+                 if k < len(s.outputs) and s.output_layouts[k].kind != "partial"
+                 else cut.view.op_out[i][k] for k in range(len(cut.view.op_out[i])))
+    return tuple(shards), ins, outs
+
+
 def _box_shape(regions, fallback: Shape) -> Shape:
     boxes = [r for r in regions if r is not None]
     if not boxes:
@@ -494,5 +651,6 @@ def _box_shape(regions, fallback: Shape) -> Shape:
     return tuple(max(b[a][1] - b[a][0] + 1 for b in boxes) for a in range(len(fallback)))
 
 
-__all__ = ["Cut", "CutProblem", "Group", "REPLICATED", "View", "layout_name", "next_view", "op_strategies",
-           "replicate_strategy", "store_layouts", "needs_grad_of"]
+__all__ = ["Cut", "CutProblem", "GraphStructure", "Group", "REPLICATED", "Resolution", "View",
+           "layout_name", "next_view", "op_strategies", "replicate_strategy", "store_layouts",
+           "needs_grad_of"]

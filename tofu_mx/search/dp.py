@@ -90,20 +90,22 @@ def elimination_order(problem: Problem) -> list[int]:
 
 def largest_state(problem: Problem, order: list[int]) -> float:
     """log of the largest DP state (frontier choice counts multiplied) along ``order``."""
-    position = {v: k for k, v in enumerate(order)}
-    last = {v: position[v] for v in order}
+    position = [0] * len(problem.names)
+    for k, v in enumerate(order):
+        position[v] = k
+    last = list(position)
     for u, v, _ in problem.edges:
         last[u] = max(last[u], position[v])
         last[v] = max(last[v], position[u])
-    closing: dict[int, list[int]] = {}
-    for v, k in last.items():
-        closing.setdefault(k, []).append(v)
+    closing: list[list[int]] = [[] for _ in order]
+    for v in order:
+        closing[last[v]].append(v)
     size = [math.log(max(len(c), 1)) for c in problem.choices]
     current = worst = 0.0
     for k, v in enumerate(order):
         current += size[v]
         worst = max(worst, current)
-        current -= sum(size[u] for u in closing.get(k, ()))
+        current -= sum(size[u] for u in closing[k])
     return worst
 
 
@@ -112,9 +114,10 @@ def solve_dp(problem: Problem, max_states: int = 4_000_000, progress=None,
     """Exact minimum of ``problem``. ``order``: ``"index"`` (the nodes' own order),
     ``"greedy"`` (:func:`elimination_order`) or ``"best"`` (the nodes' own order when its
     largest state is small, else whichever of the two has the smaller one)."""
+    schedule = _Schedule.of(problem)
     if order in ("greedy", "best") and len(problem.names) > 1:
         index = list(range(len(problem.names)))
-        own = largest_state(problem, index) if order == "best" else math.inf
+        own = schedule.largest_state() if order == "best" else math.inf
         perm = index if own <= math.log(_SMALL_STATE) else elimination_order(problem)
         if order == "best" and perm is not index and own <= largest_state(problem, perm):
             perm = index
@@ -129,60 +132,267 @@ def solve_dp(problem: Problem, max_states: int = 4_000_000, progress=None,
             for new, old in enumerate(perm):
                 assignment[old] = found.assignment[new]
             return Solution(found.cost, tuple(assignment), found.max_frontier, found.max_states)
-    n = len(problem.names)
-    neighbours: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
-    last = list(range(n))
-    for u, v, m in problem.edges:
-        neighbours[v].append((u, m))       # m[x_u, x_v]
-        last[u] = max(last[u], v)
-    leaving: list[list[int]] = [[] for _ in range(n)]
-    for u in range(n):
-        leaving[last[u]].append(u)
+    return _eliminate(problem, schedule, max_states, progress)
 
+
+@dataclass(frozen=True)
+class _Schedule:
+    """The bookkeeping of the problem's own node order."""
+
+    counts: list[int]                                   # choices of each node
+    neighbours: list[list[tuple[int, np.ndarray]]]      # v -> (u, m[x_u, x_v]) for u < v
+    last: list[int]                                     # each node's last neighbour (or itself)
+    leaving: list[list[int]]      # v -> the nodes of more than one choice whose last is v
+
+    @staticmethod
+    def of(problem: Problem) -> "_Schedule":
+        n = len(problem.names)
+        counts = [len(c) for c in problem.choices]
+        neighbours: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
+        last = list(range(n))
+        for u, v, m in problem.edges:
+            neighbours[v].append((u, m))
+            if v > last[u]:
+                last[u] = v
+        leaving: list[list[int]] = [[] for _ in range(n)]
+        for u in range(n):
+            if counts[u] > 1:              # a node with one choice takes no axis
+                leaving[last[u]].append(u)
+        return _Schedule(counts, neighbours, last, leaving)
+
+    def largest_state(self) -> float:
+        """:func:`largest_state` of the problem's own order (computed alike: nodes of one
+        choice add log 1 = 0 to the sums)."""
+        size = [math.log(max(k, 1)) for k in self.counts]
+        current = worst = 0.0
+        for v, leaving in enumerate(self.leaving):
+            current += size[v]
+            worst = max(worst, current)
+            current -= sum(size[u] for u in leaving)
+        return worst
+
+
+def _eliminate(problem: Problem, schedule: "_Schedule", max_states: int,
+               progress) -> Solution:
+    """The recurrence of the module's docstring, in the problem's own node order (with the
+    nodes :class:`_Folding` takes out beforehand when the arithmetic is exact)."""
+    widest, most = _frontier_bounds(problem, schedule, max_states, progress)
+    folding = _Folding.of(problem, schedule) if _exact(problem) else \
+        _Folding.none(problem, schedule)
+    n = len(problem.names)
     table = np.zeros(())                  # D over the frontier's axes
     frontier: list[int] = []
     eliminated: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (node, axes left, argmin)
-    widest, most = 0, 1
     for v in range(n):
-        k = len(problem.choices[v])
-        states = table.size * k
-        if states > max_states:
-            raise SearchTooLargeError(
-                f"the search state at {problem.names[v]!r} would hold {states:,} states "
-                f"(frontier {[problem.names[u] for u in frontier] + [problem.names[v]]}), "
-                f"over max_states={max_states:,}")
-        # A node with one choice takes no axis: its edges act on its neighbours alone.
-        fixed = k == 1
-        if fixed:
-            table = table + problem.unary[v][0]
-        else:
-            table = table[..., None] + problem.unary[v]
-            frontier.append(v)
-        for u, m in neighbours[v]:
-            if len(problem.choices[u]) == 1 and fixed:
-                table = table + m[0, 0]
-            elif len(problem.choices[u]) == 1:
-                table = table + m[0].reshape([1] * (len(frontier) - 1) + [m.shape[1]])
-            elif fixed:
-                shape = [1] * len(frontier)
-                shape[frontier.index(u)] = m.shape[0]
-                table = table + m[:, 0].reshape(shape)
-            else:
-                shape = [1] * len(frontier)
-                shape[frontier.index(u)], shape[-1] = m.shape
-                table = table + m.reshape(shape)
-        widest, most = max(widest, len(frontier)), max(most, table.size)
-        for u in leaving[v]:
-            if len(problem.choices[u]) == 1:
-                continue
-            axis = frontier.index(u)
-            eliminated.append((u, tuple(frontier[:axis] + frontier[axis + 1:]),
-                               np.argmin(table, axis=axis)))
-            table = np.min(table, axis=axis)
-            frontier.pop(axis)
-        if progress is not None:
-            progress(1)
+        if v in folding.kept:
+            table = _add_node(table, frontier, v, folding.unary[v], folding.neighbours[v],
+                              schedule.counts)
+        for u in schedule.leaving[v]:
+            if u in folding.kept:
+                axis = frontier.index(u)
+                eliminated.append((u, tuple(frontier[:axis] + frontier[axis + 1:]),
+                                   table.argmin(axis)))
+                table = np.minimum.reduce(table, axis)  # table.min(axis), without its wrapper
+                frontier.pop(axis)
     assignment = [0] * n
     for u, axes, argmin in reversed(eliminated):
         assignment[u] = int(argmin[tuple(assignment[a] for a in axes)])
-    return Solution(float(table), tuple(assignment), widest, most)
+    for u, v, argmin in folding.leaves:
+        assignment[u] = int(argmin[assignment[v]])
+    return Solution(float(table) + folding.constant, tuple(assignment), widest, most)
+
+
+def _frontier_bounds(problem: Problem, schedule: _Schedule, max_states: int,
+                     progress) -> tuple[int, int]:
+    """``(most frontier nodes, most states)`` at once along the order, from the choice
+    counts alone; :class:`SearchTooLargeError` where the state would exceed ``max_states``."""
+    counts = schedule.counts
+    frontier: dict[int, None] = {}        # in order of joining
+    size, widest, most = 1, 0, 1
+    for v, k in enumerate(counts):
+        if size * k > max_states:
+            names = [problem.names[u] for u in frontier] + [problem.names[v]]
+            raise SearchTooLargeError(
+                f"the search state at {problem.names[v]!r} would hold {size * k:,} states "
+                f"(frontier {names}), over max_states={max_states:,}")
+        if k > 1:
+            frontier[v] = None
+            size *= k
+        widest, most = max(widest, len(frontier)), max(most, size)
+        for u in schedule.leaving[v]:
+            del frontier[u]
+            size //= counts[u]
+        if progress is not None:
+            progress(1)
+    return widest, most
+
+
+#: below this, a sum of integers in float64 is exact whatever the order of its additions
+_EXACT_BOUND = 2.0 ** 52
+
+
+def _exact(problem: Problem) -> bool:
+    """Whether every cost is an integer and their absolute values sum below 2**52: then every
+    value the DP computes is exact, whatever the order of the additions (costs in bytes are
+    such; a fractional memory weight may not be)."""
+    if not problem.unary:
+        return True
+    unary = np.concatenate(problem.unary)
+    if not np.array_equal(unary, np.floor(unary)):
+        return False
+    total = float(np.abs(unary).sum())
+    matrices: dict[int, list] = {}        # each distinct matrix once: [matrix, edges with it]
+    for _, _, m in problem.edges:
+        matrices.setdefault(id(m), [m, 0])[1] += 1
+    for m, count in matrices.values():
+        if not np.array_equal(m, np.floor(m)):
+            return False
+        total += count * float(np.abs(m).sum())
+    return total < _EXACT_BOUND
+
+
+@dataclass(frozen=True)
+class _Folding:
+    """Nodes taken out of the DP beforehand, their costs moved onto the nodes it keeps.
+
+    A node of one choice adds a constant and, through each edge, a cost of one neighbour's
+    choice. A *leaf* (one edge, to ``v``) of more than one choice adds ``min over x_u of
+    (unary_u + pair(x_u, x_v))``, and takes its first best choice given ``v``'s; taken out
+    only when that is where the full DP eliminates it: at ``v``'s step if it comes before
+    ``v``, else at its own step, which must come before ``v`` leaves (or ``v`` has one
+    choice). The kept nodes leave the frontier at the steps the full DP gives them, in the
+    same order. With exact arithmetic (:func:`_exact`) every value and every choice is
+    then the full DP's; ``max_frontier`` and ``max_states`` come from :func:`_frontier_bounds`.
+    """
+
+    kept: frozenset[int] | range
+    unary: list                          # node -> its unary cost, with what was moved onto it
+    neighbours: list[list[tuple[int, np.ndarray]]]     # edges between kept nodes, by later end
+    leaves: list[tuple[int, int, np.ndarray]]     # (leaf, v, the leaf's best choice per x_v)
+    constant: float
+
+    @staticmethod
+    def none(problem: Problem, schedule: _Schedule) -> "_Folding":
+        return _Folding(range(len(problem.names)), list(problem.unary), schedule.neighbours,
+                        [], 0.0)
+
+    @staticmethod
+    def of(problem: Problem, schedule: _Schedule) -> "_Folding":
+        counts = schedule.counts
+        leaves = _leaves(problem, schedule)
+        contributions = _Contributions(problem.unary, counts)
+        neighbours: list[list[tuple[int, np.ndarray]]] = [[] for _ in counts]
+        for u, v, m in problem.edges:
+            if u in leaves or v in leaves:
+                continue
+            if counts[u] == 1 or counts[v] == 1:
+                contributions.edge(u, v, m)
+            else:
+                neighbours[v].append((u, m))
+        chosen = contributions.leaves(problem.unary, leaves)
+        kept = frozenset(v for v, k in enumerate(counts) if k > 1 and v not in leaves)
+        return _Folding(kept, contributions.unary(kept), neighbours, chosen,
+                        contributions.constant)
+
+
+def _leaves(problem: Problem, schedule: _Schedule) -> dict[int, tuple[int, np.ndarray]]:
+    """The leaves :class:`_Folding` takes out: ``leaf -> (v, pair[x_leaf, x_v])``."""
+    degree = [0] * len(problem.names)
+    edge_of: dict[int, tuple[int, int, np.ndarray]] = {}
+    for u, v, m in problem.edges:
+        degree[u] += 1
+        degree[v] += 1
+        edge_of[u] = edge_of[v] = (u, v, m)
+    counts, last = schedule.counts, schedule.last
+    found = {}
+    for x, d in enumerate(degree):
+        if d == 1 and counts[x] > 1:
+            u, v, m = edge_of[x]
+            if x == u:                     # the leaf comes first
+                found[x] = (v, m)
+            elif counts[u] == 1 or last[u] > x:
+                found[x] = (u, m.T)
+    return found
+
+
+class _Contributions:
+    """Costs moved onto the kept nodes' unary costs (and a constant), added in batches of
+    one length (the order of exact additions does not matter)."""
+
+    def __init__(self, unary: tuple[np.ndarray, ...], counts: list[int]):
+        self._unary, self._counts = unary, counts
+        self.constant = float(sum(float(unary[v][0]) for v, k in enumerate(counts) if k == 1))
+        self._targets: dict[int, list[int]] = {}        # length -> targets
+        self._values: dict[int, list[np.ndarray]] = {}  # length -> one vector per target
+
+    def add(self, v: int, vector: np.ndarray) -> None:
+        self._targets.setdefault(len(vector), []).append(v)
+        self._values.setdefault(len(vector), []).append(vector)
+
+    def edge(self, u: int, v: int, m: np.ndarray) -> None:
+        """An edge with an end of one choice."""
+        if self._counts[u] == 1 and self._counts[v] == 1:
+            self.constant += float(m[0, 0])
+        elif self._counts[u] == 1:
+            self.add(v, m[0])
+        else:
+            self.add(u, m[:, 0])
+
+    def leaves(self, unary: tuple[np.ndarray, ...], leaves: dict
+               ) -> list[tuple[int, int, np.ndarray]]:
+        """Fold the leaves, those of one shape at once: ``(leaf, v, best leaf choice per
+        x_v)`` for each."""
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for u, (_, pair) in leaves.items():
+            by_shape.setdefault(pair.shape, []).append(u)
+        chosen = []
+        for (_, width), us in by_shape.items():
+            cost = np.stack([unary[u] for u in us])[:, :, None] + \
+                np.stack([leaves[u][1] for u in us])
+            best, argmin = cost.min(axis=1), cost.argmin(axis=1)    # [leaf, x_v]
+            for u, row, choice in zip(us, best, argmin):
+                v = leaves[u][0]
+                if self._counts[v] == 1:
+                    self.constant += float(row[0])
+                else:
+                    self.add(v, row)
+                chosen.append((u, v, choice))
+        return chosen
+
+    def unary(self, kept: frozenset[int]) -> list:
+        """Each kept node's unary cost with what was moved onto it."""
+        found = list(self._unary)
+        starts = np.cumsum([0] + [len(c) for c in self._unary])
+        flat = np.concatenate(self._unary) if self._unary else np.zeros(0)
+        for length, targets in self._targets.items():
+            index = (starts[targets][:, None] + np.arange(length)).ravel()
+            np.add.at(flat, index, np.concatenate(self._values[length]))
+        for v in kept:
+            found[v] = flat[starts[v]:starts[v + 1]]
+        return found
+
+
+def _add_node(table: np.ndarray, frontier: list[int], v: int, unary: np.ndarray,
+              edges: list[tuple[int, np.ndarray]], counts: list[int]) -> np.ndarray:
+    """``table`` plus node ``v``'s unary cost and its edges to the frontier; ``v`` joins the
+    frontier unless it has one choice (then its edges act on its neighbours alone)."""
+    fixed = counts[v] == 1
+    if fixed:
+        table = table + unary[0]
+    else:
+        table = table[..., None] + unary
+        frontier.append(v)
+    for u, m in edges:
+        if counts[u] == 1 and fixed:
+            table = table + m[0, 0]
+        elif counts[u] == 1:
+            table = table + m[0].reshape([1] * (len(frontier) - 1) + [m.shape[1]])
+        elif fixed:
+            shape = [1] * len(frontier)
+            shape[frontier.index(u)] = m.shape[0]
+            table = table + m[:, 0].reshape(shape)
+        else:
+            shape = [1] * len(frontier)
+            shape[frontier.index(u)], shape[-1] = m.shape
+            table = table + m.reshape(shape)
+    return table

@@ -15,7 +15,9 @@ import itertools
 import json
 import math
 import sys
+import contextlib
 import dataclasses
+import gc
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -26,12 +28,13 @@ from nnvm_passes.ir import Graph
 from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
-from tofu_mx.search.cut import Cut, CutProblem, View, needs_grad_of, next_view
+from tofu_mx.search.cut import Cut, CutProblem, View, next_view
 from tofu_mx.search.dp import Solution, solve_dp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
+from tofu_mx.search.structure import GraphStructure, itemsize_of
 from tofu_mx.summary import format_bytes
-from tofu_mx.tdl.annotate import import_graph
-from tofu_mx.tdl.registry import Description, facts, lookup
+from tofu_mx.tdl.annotate import import_graph, registry_entry
+from tofu_mx.tdl.registry import Description, facts
 
 
 @dataclass(frozen=True)
@@ -393,11 +396,11 @@ class _LevelResult:
 
 
 def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
-                 choose=None, grads=None) -> _LevelResult:
+                 choose=None, structure: GraphStructure | None = None) -> _LevelResult:
     """One cut's search. ``choose(cut, cut_problem) -> Solution`` replaces the DP (the
     baselines, tests that force a strategy)."""
-    cut = Cut(graph, view, parts, tie=options.tie, needs_grad=grads,
-              memory_weight=options.memory_weight)
+    cut = Cut(graph, view, parts, tie=options.tie, memory_weight=options.memory_weight,
+              structure=structure)
     problem = cut.problem()
     progress = _progress_bar(len(problem.problem.names), options, f"{parts}-way cut")
     try:
@@ -424,10 +427,14 @@ def _progress_bar(total: int, options: SearchOptions, what: str):
 
 
 def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
-                  choose=None) -> list[_LevelResult]:
-    view, results, grads = View.of(graph), [], needs_grad_of(graph)
+                  choose=None, structure: GraphStructure | None = None) -> list[_LevelResult]:
+    """The cuts of one factor order, each searched at the view the previous ones leave;
+    ``structure``: the graph's :class:`~tofu_mx.search.structure.GraphStructure`, shared by
+    every level (made here if not given)."""
+    structure = GraphStructure.of(graph) if structure is None else structure
+    view, results = View.of(graph), []
     for parts in order:
-        result = _solve_level(graph, view, parts, options, choose, grads)
+        result = _solve_level(graph, view, parts, options, choose, structure)
         results.append(result)
         view = next_view(result.cut, result.members, result.var_layout)
     return results
@@ -435,6 +442,7 @@ def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
 
 def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan, ...]:
     plans = []
+    typed: dict[tuple, StoredLayout] = {}      # the search's layout -> the plan's
     for i, node in enumerate(graph.nodes):
         outs = [(node.name, 0)] if node.is_variable else \
             [(f"{node.name}:{k}", k) for k in range(len(node.outputs))]
@@ -443,22 +451,39 @@ def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan
             shard, layouts = list(info.shape), []
             for r in results:
                 layout = r.var_layout[i] if node.is_variable else r.members[i][1][k]
-                layouts.append(StoredLayout.of(layout))
+                if layout not in typed:
+                    typed[layout] = StoredLayout.of(layout)
+                layouts.append(typed[layout])
                 if layout[0] == "split":
                     shard[layout[1]] //= r.cut.parts
             kind = node.kind if node.is_variable else "activation"
-            plans.append(TensorPlan(name, kind, info.shape, info.dtype, tuple(layouts), tuple(shard)))
+            plans.append(TensorPlan(name, kind, info.shape, info.dtype, tuple(layouts),
+                                    tuple(shard)))
     return tuple(plans)
 
 
-def _memory(graph: Graph, tensors: Sequence[TensorPlan], grads: Mapping, options: SearchOptions,
+def _op_plans(graph: Graph, results: list[_LevelResult]) -> tuple[OpPlan, ...]:
+    typed: dict[int, OpStrategy] = {}   # id of a search Strategy (all alive in results) -> its type
+    plans = []
+    for i, n in enumerate(graph.nodes):
+        if n.is_variable:
+            continue
+        for r in results:
+            s = r.members[i][0]
+            if id(s) not in typed:
+                typed[id(s)] = OpStrategy.of(s)
+        plans.append(OpPlan(n.name, n.op, tuple(typed[id(r.members[i][0])] for r in results)))
+    return tuple(plans)
+
+
+def _memory(graph: Graph, tensors: Sequence[TensorPlan], kept: Mapping, options: SearchOptions,
             k: int) -> tuple[Memory, ...]:
-    by_name = {t.name: t for t in tensors}
-    kept = kept_for_backward(graph, grads)
+    """``kept``: :func:`~nnvm_passes.backward.kept_for_backward` of the graph."""
+    shard_bytes = {t.name: math.prod(t.shard) * itemsize_of(t.dtype) for t in tensors}
     weights = gradients = aux = inputs = activations = 0
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
-            b = by_name[node.name].shard_bytes
+            b = shard_bytes[node.name]
             if node.kind == "param":
                 weights += b
                 gradients += b
@@ -469,7 +494,7 @@ def _memory(graph: Graph, tensors: Sequence[TensorPlan], grads: Mapping, options
             continue
         for j in range(len(node.outputs)):
             if kept[(i, j)]:
-                activations += by_name[f"{node.name}:{j}"].shard_bytes
+                activations += shard_bytes[f"{node.name}:{j}"]
     m = Memory(weights, gradients, int(weights * options.optimizer_state), aux, inputs, activations)
     return tuple(m for _ in range(k))
 
@@ -546,9 +571,12 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
     ``memory_budget``, the cheapest of those that fit (else NoFeasiblePlanError, reporting
     the smallest footprint found)."""
     orders = factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
-    candidates = sorted((_assemble(graph, num_devices, order,
-                                   search_levels(graph, order, options, choose), options)
-                         for order in orders), key=lambda p: (p.total_bytes, p.factors))
+    with _collector_paused():
+        shared = _Shared.of(graph)
+        candidates = sorted((_assemble(graph, num_devices, order,
+                                       search_levels(graph, order, options, choose,
+                                                     shared.structure), options, shared)
+                             for order in orders), key=lambda p: (p.total_bytes, p.factors))
     if memory_budget is None:
         return candidates[0]
     failures = []
@@ -561,31 +589,61 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
     raise min(failures, key=lambda e: e.footprint)
 
 
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector paused, and restored as it was. The search allocates
+    millions of small tuples, dicts and arrays that live until it returns; their count keeps
+    triggering the collector, whose passes over the whole heap (the graph included) find
+    nothing to free: the search makes no reference cycles, and reference counting frees the
+    rest."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What the candidate plans of one graph share, whatever the factor order: computed
+    once per :func:`plan_graph`."""
+
+    structure: GraphStructure
+    kept: Mapping             # kept_for_backward
+    opaque: tuple[OpaqueOp, ...]
+    fingerprint: str
+
+    @staticmethod
+    def of(graph: Graph) -> "_Shared":
+        structure = GraphStructure.of(graph)
+        return _Shared(structure, kept_for_backward(graph, structure.needs_grad),
+                       _opaque_ops(graph), graph_fingerprint(graph))
+
+
 def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
-              results: list[_LevelResult], options: SearchOptions) -> Plan:
+              results: list[_LevelResult], options: SearchOptions, shared: _Shared) -> Plan:
     tensors = _tensor_plans(graph, results)
-    grads = results[0].cut.needs_grad if results else needs_grad_of(graph)
     levels = tuple(Level(p, math.prod(order[:k]),
                          r.problem.bytes_problem.cost(r.solution.assignment),
                          len(r.problem.slots),
                          r.solution.max_frontier, r.solution.max_states)
                    for k, (p, r) in enumerate(zip(order, results)))
-    ops = tuple(OpPlan(n.name, n.op, tuple(OpStrategy.of(r.members[i][0]) for r in results))
-                for i, n in enumerate(graph.nodes) if not n.is_variable)
     coarsening = {}
     if results:
         cut = results[0].cut
         coarsening = {"operators": len(cut.ops), "groups": sum(len(g.copies) for g in cut.groups),
                       "tied": len(cut.groups)}
-    return Plan(num_devices, tuple(order), levels, tensors, ops,
-                _memory(graph, tensors, grads, options, num_devices), _opaque_ops(graph),
-                coarsening, graph_fingerprint(graph))
+    return Plan(num_devices, tuple(order), levels, tensors, _op_plans(graph, results),
+                _memory(graph, tensors, shared.kept, options, num_devices), shared.opaque,
+                coarsening, shared.fingerprint)
 
 
 def _opaque_ops(graph: Graph) -> tuple[OpaqueOp, ...]:
     found = []
     for node in graph.operators():
-        entry = lookup(node.op, node.params)
+        entry = registry_entry(node.op, node.attrs)
         if entry is None:
             found.append(OpaqueOp(node.name, node.op, "no description"))
         elif not isinstance(entry, Description):

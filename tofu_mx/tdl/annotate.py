@@ -3,7 +3,8 @@
 This is the pipeline's ``annotate -> analyse`` step and its one entry point: the search, the
 assignment and the coverage report all ask :func:`annotate` (cached; the cache is keyed on
 the registry's generation, so registering or replacing a description is seen at once) or
-:func:`described` (the traced description of one node).
+:func:`described` (the traced description of one node); :func:`registry_entry` gives the
+registry's entry for a node's raw attributes, cached the same way.
 
 What an operator without strategies does is decided here too: a described or opaque operator
 that no cut divides (or whose description cannot trace a work view) runs *replicated*: every
@@ -23,8 +24,8 @@ from nnvm_passes.importer import import_symbol
 from nnvm_passes.ir import FrozenDict, Graph
 from tofu_mx.tdl.analysis import Layout, Strategy, opaque_strategies, strategies
 from tofu_mx.tdl.lang import Access, TDLError
-from tofu_mx.tdl.registry import (Attrs, Description, Traced, facts, generation, label_inputs,
-                                  lookup, registry_key, trace)
+from tofu_mx.tdl.registry import (Attrs, Description, Opaque, Traced, facts, generation,
+                                  label_inputs, lookup, registry_key, trace)
 from tofu_mx.tdl.shares import runs_as_operator
 
 #: What the analysis knows of an operator.
@@ -80,8 +81,9 @@ def whole_strategy(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
 def annotate(op: str, attrs: FrozenDict, in_shapes: tuple, out_shapes: tuple,
              parts: int = 2) -> NodeAnalysis:
     """The analysis of one ``op`` node with these attributes (MXNet's strings) and shapes."""
-    return _annotate(op, FrozenDict(attrs), tuple(map(tuple, in_shapes)),
-                     tuple(map(tuple, out_shapes)), parts, generation())
+    return _annotate(op, attrs if type(attrs) is FrozenDict else FrozenDict(attrs),
+                     tuple(map(tuple, in_shapes)), tuple(map(tuple, out_shapes)), parts,
+                     generation())
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -111,6 +113,18 @@ def _annotate(op: str, attrs: FrozenDict, ins: tuple, outs: tuple, parts: int,
         runs_whole = status == UNKNOWN and (len(ins) > 0 or not facts(op, attrs).group_attr)
         found = [(whole_strategy if runs_whole else replicate_strategy)(ins, outs, parts)]
     return NodeAnalysis(op, status, reason, tuple(found))
+
+
+def registry_entry(op: str, attrs: FrozenDict) -> Description | Opaque | None:
+    """What the registry holds for a node with these raw attributes (``lookup`` of its
+    parsed attributes; cached per registry generation)."""
+    return _registry_entry(op, attrs if type(attrs) is FrozenDict else FrozenDict(attrs),
+                           generation())
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _registry_entry(op: str, attrs: FrozenDict, _generation: int) -> Description | Opaque | None:
+    return lookup(op, Attrs(attrs))
 
 
 def described(op: str, attrs: FrozenDict, in_shapes: Sequence[Shape],

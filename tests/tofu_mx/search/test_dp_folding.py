@@ -1,0 +1,45 @@
+"""The DP with nodes folded beforehand (exact costs) gives what the full DP gives: the same
+cost, the same choices among equal ones, the same frontier and state counts."""
+import numpy as np
+import pytest
+
+from tofu_mx.search import dp
+from tofu_mx.search.problem import make_problem
+
+
+def leafy_problem(rng, n):
+    """Small integer costs (many ties); a chain with nodes of one choice and leaves hanging
+    before and after their neighbours, as variables hang off a graph's operators."""
+    choices = [tuple(f"c{k}" for k in range(rng.integers(1, 4))) for _ in range(n)]
+    unary = [rng.integers(0, 3, len(c)).astype(float) for c in choices]
+    edges = []
+    for v in range(1, n):
+        u = int(rng.integers(max(0, v - 3), v)) if rng.random() < 0.5 else int(rng.integers(0, n))
+        if u != v:
+            edges.append((u, v, rng.integers(0, 3, (len(choices[u]), len(choices[v])))
+                          .astype(float)))
+    return make_problem([f"n{i}" for i in range(n)], choices, unary, edges)
+
+
+@pytest.mark.parametrize("order", ["index", "best"])
+def test_folding_changes_nothing(monkeypatch, order):
+    for seed in range(1500):
+        rng = np.random.default_rng(seed)
+        p = leafy_problem(rng, int(rng.integers(2, 30)))
+        try:
+            folded = dp.solve_dp(p, max_states=100_000, order=order)
+        except dp.SearchTooLargeError:
+            continue
+        with monkeypatch.context() as m:
+            m.setattr(dp, "_exact", lambda problem: False)
+            full = dp.solve_dp(p, max_states=100_000, order=order)
+        assert folded == full, f"reproduce: seed {seed}: rng = np.random.default_rng({seed}); " \
+            f"leafy_problem(rng, int(rng.integers(2, 30)))"
+
+
+def test_only_exact_costs_are_folded():
+    p = make_problem(["a", "b"], [("x", "y"), ("x", "y")], [np.zeros(2), np.array([0.5, 1])],
+                     [(0, 1, np.eye(2))])
+    assert not dp._exact(p)
+    assert dp._exact(make_problem(["a"], [("x",)], [np.array([3.0])], []))
+    assert not dp._exact(make_problem(["a"], [("x",)], [np.array([2.0 ** 60])], []))

@@ -1,0 +1,122 @@
+"""What every cut of one graph shares, whatever its level or factor order: the graph's
+structure, which tensors carry a gradient, the ties of the coarsenings already seen
+(:class:`GraphStructure`). Made once per graph and handed to every
+:class:`~tofu_mx.search.cut.Cut`.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from nnvm_passes.backward import backward_reads
+from nnvm_passes.ir import FrozenDict, Graph
+from tofu_mx.tdl.registry import Attrs, facts, generation
+
+#: coarsenings whose ties a GraphStructure remembers (the levels of a few factor orders)
+_TIE_MEMO_SIZE = 4
+
+
+@dataclass(frozen=True)
+class GraphStructure:
+    """What every cut of one graph shares, whatever its level or factor order (:meth:`of`).
+
+    ``tie_memo`` keeps the ties of the last few coarsenings, keyed by what determines them
+    (the followers and each copy's signature): a level whose coarsening did not change
+    reuses them. ``gradient_reads`` caches :func:`~nnvm_passes.backward.backward_reads`."""
+
+    ops: tuple[int, ...]
+    variables: tuple[int, ...]
+    needs_grad: Mapping[tuple[int, int], bool]
+    itemsize: Mapping[tuple[int, int], int]   # bytes of one element of each tensor
+    may_follow: frozenset[int]    # operators with one output whose first input is output 0
+    #                               of an operator: they follow it if they keep its layout
+    outputs_id: Mapping[int, int]  # operator -> id of its outputs' (itemsize, needs gradient)
+    shared_params: tuple[tuple[int, ...], ...]   # the operators reading each parameter that
+    #                                              two or more read (where ties start)
+    inputs: Mapping[int, tuple[tuple[int, int], ...]]   # operator -> its input tensors
+    tensor_facts: Mapping[tuple[int, int], int]   # tensor -> id of (itemsize, needs gradient)
+    facts_of_tensors: tuple[tuple[int, bool], ...]   # that id -> (itemsize, needs gradient)
+    tie_memo: dict = field(default_factory=dict, compare=False, repr=False)
+    gradient_reads: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def of(graph: Graph, needs_grad: Mapping | None = None) -> "GraphStructure":
+        nodes = graph.nodes
+        grad = needs_grad_of(graph) if needs_grad is None else needs_grad
+        itemsize: dict[tuple[int, int], int] = {}
+        tensor_facts: dict[tuple[int, int], int] = {}
+        facts: dict[tuple[int, bool], int] = {}
+        outputs_id: dict[int, int] = {}
+        ids: dict[tuple, int] = {}
+        for i, node in enumerate(nodes):
+            outs = tuple((itemsize_of(t.dtype), grad[(i, k)]) for k, t in enumerate(node.outputs))
+            for k, out in enumerate(outs):
+                itemsize[(i, k)] = out[0]
+                tensor_facts[(i, k)] = facts.setdefault(out, len(facts))
+            if not node.is_variable:
+                outputs_id[i] = ids.setdefault(outs, len(ids))
+        inputs = {i: tuple((e.node, e.index) for e in nodes[i].inputs) for i in outputs_id}
+        may_follow = frozenset(i for i, ins in inputs.items()
+                               if ins and ins[0][1] == 0 and len(nodes[i].outputs) == 1 and
+                               not nodes[ins[0][0]].is_variable)
+        return GraphStructure(tuple(outputs_id),
+                              tuple(i for i, n in enumerate(nodes) if n.is_variable), grad,
+                              itemsize, may_follow, outputs_id, _shared_params(nodes, inputs),
+                              inputs, tensor_facts, tuple(facts))
+
+    def keeps_input(self, graph: Graph, member: int, j: int) -> bool:
+        """Whether operator ``member``'s gradient reads its input ``j`` (so a converted copy
+        of it lives until the backward pass)."""
+        if member not in self.gradient_reads:
+            node = graph.nodes[member]
+            grads = any(self.needs_grad[(member, o)] for o in range(len(node.outputs)))
+            self.gradient_reads[member] = backward_reads(node, graph)[0] if grads else ()
+        return j in self.gradient_reads[member]
+
+    def remember_ties(self, key: tuple, families: tuple) -> None:
+        if len(self.tie_memo) >= _TIE_MEMO_SIZE:
+            self.tie_memo.pop(next(iter(self.tie_memo)))
+        self.tie_memo[key] = families
+
+
+def _shared_params(nodes, inputs: Mapping[int, tuple]) -> tuple[tuple[int, ...], ...]:
+    """The operators reading each parameter that two or more operators read."""
+    readers: dict[int, set[int]] = {}
+    for i, ins in inputs.items():
+        for src, _ in ins:
+            if nodes[src].kind == "param":
+                readers.setdefault(src, set()).add(i)
+    return tuple(tuple(sorted(r)) for r in readers.values() if len(r) > 1)
+
+
+@functools.lru_cache(maxsize=64)
+def itemsize_of(dtype: str) -> int:
+    """Bytes of one element of ``dtype`` (a dtype's name)."""
+    return np.dtype(dtype).itemsize
+
+
+def needs_grad_of(graph: Graph) -> dict[tuple[int, int], bool]:
+    """Whether each tensor carries a gradient: parameters do, and whatever is computed from
+    them, except through an operator that declares no gradient (BlockGrad, argmax)."""
+    grad: dict[tuple[int, int], bool] = {}
+    for i, node in enumerate(graph.nodes):
+        if node.is_variable:
+            grad[(i, 0)] = node.kind == "param"
+            continue
+        flows = _passes_gradient(node.op, node.attrs, generation()) and \
+            any(grad[(e.node, e.index)] for e in node.inputs)
+        for k in range(len(node.outputs)):
+            grad[(i, k)] = flows
+    return grad
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _passes_gradient(op: str, attrs: FrozenDict, _generation: int) -> bool:
+    """``facts(op).gradient`` for a node's raw attributes (cached per registry generation)."""
+    return facts(op, Attrs(attrs)).gradient
+
+
+__all__ = ["GraphStructure", "itemsize_of", "needs_grad_of"]
