@@ -4,7 +4,8 @@ Devices are numbered in mixed radix over the plan's cuts: with cuts ``(p1, p2, .
 device ``d`` is part ``d // (k / p1)`` of the first cut, and so on. Composing the levels:
 
 - a **tensor** is stored, on device ``d``, in the box its per-level layouts narrow it to
-  (``split(a)`` halves axis ``a`` of what the previous level stored; ``replicated`` keeps it);
+  (``split(a)`` cuts axis ``a`` of what the previous level stored into ``p`` parts that
+  differ by at most one, at floor boundaries; ``replicated`` keeps it);
 - an **operator**'s loop variables are narrowed the same way by its per-level strategies
   (``split v`` / ``reduce v``); the interval analysis then gives, exactly, what that share
   reads and computes (:func:`tofu_mx.tdl.analysis.work_regions`), and the description's
@@ -28,7 +29,7 @@ from nnvm_passes.ir import FrozenDict, Graph
 from tofu_mx.errors import InvalidArgumentError, TofuError
 from tofu_mx.search.layouts import OpStrategy, StoredLayout
 from tofu_mx.search.plan import Plan
-from tofu_mx.tdl.analysis import pad_values, work_regions
+from tofu_mx.tdl.analysis import pad_values, part_interval, work_regions
 from tofu_mx.tdl.annotate import described
 from tofu_mx.tdl.registry import Description, Opaque, facts, lookup, registry_key
 from tofu_mx.tdl.shares import resolve
@@ -83,9 +84,16 @@ def device_parts(num_devices: int, factors: Sequence[int]) -> list[tuple[int, ..
 
 
 def narrow(box: Box, axis: int, parts: int, part: int) -> Box:
-    lo, hi = box[axis]
-    size = (hi - lo + 1) // parts
-    return box[:axis] + ((lo + part * size, lo + (part + 1) * size - 1),) + box[axis + 1:]
+    """Part ``part`` of ``box`` cut in ``parts`` along ``axis`` (:func:`part_interval`)."""
+    return box[:axis] + (_narrow(box[axis], parts, part),) + box[axis + 1:]
+
+
+def _narrow(interval: tuple[int, int], parts: int, part: int) -> tuple[int, int]:
+    lo, hi = interval
+    if hi - lo + 1 < parts:
+        raise TofuError(f"internal: the range {lo}..{hi} cannot be cut in {parts} parts")
+    a, b = part_interval(hi - lo + 1, parts, part)
+    return lo + a, lo + b
 
 
 def whole(shape: Sequence[int]) -> Box:
@@ -192,11 +200,7 @@ def _described_share(node, entry: Description, traced, pads, levels, factors,
                 f"the plan has {node.name!r} ({node.op}) {verb} {var!r}, which its description "
                 f"does not have (its loop variables: {', '.join(ranges)}); make the plan with "
                 f"tofu_mx.plan() for this graph")
-        lo, hi = ranges[var]
-        if (hi - lo + 1) % p:
-            raise TofuError(f"{p} does not divide the range {lo}..{hi} of {var!r}")
-        size = (hi - lo + 1) // p
-        ranges[var] = (lo + q * size, lo + (q + 1) * size - 1)
+        ranges[var] = _narrow(ranges[var], p, q)
         if verb == "reduce":
             reduced.append(var)
             if q:
@@ -224,8 +228,7 @@ def _opaque_share(node, entry: Opaque, in_shapes, out_shapes, levels, factors, p
     for (verb, _), p, q in zip(levels, factors, part):
         key.append(q)
         if verb != "replicate":
-            size = (hi - lo + 1) // p
-            lo, hi = lo + q * size, lo + (q + 1) * size - 1
+            lo, hi = _narrow((lo, hi), p, q)
 
     def box(shape, axis):
         b = whole(shape)

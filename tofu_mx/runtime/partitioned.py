@@ -370,9 +370,9 @@ def _check_operators(graph: Graph, plan: Plan, k: int, strict: bool) -> None:
         shapes = sorted({t.shape for t in plan.tensors if t.kind in ("data", "param")},
                         key=lambda s: -int(np.prod(s)))[:4]
         raise InvalidArgumentError(
-            f"nothing can be split over {k} devices: no axis of any tensor is divisible by "
-            f"{', '.join(map(str, plan.factors))} (largest inputs {shapes}). Use a batch size "
-            f"or layer widths divisible by the device count, or another device count.")
+            f"nothing can be split over {k} devices: no axis of any tensor is at least "
+            f"{max(plan.factors)} long where a cut needs it (largest inputs {shapes}). Use a "
+            f"larger batch or wider layers, or fewer devices.")
 
 
 def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from tofu_mx.tdl.analysis import part_interval
+
 Interval = tuple[int, int]
 Box = tuple[Interval, ...]
 
@@ -46,11 +48,6 @@ def intersect(a: Box | None, b: Box | None) -> Box | None:
     if a is None or b is None:
         return None
     return tuple((max(x[0], y[0]), min(x[1], y[1])) for x, y in zip(a, b))
-
-
-def part_interval(n: int, parts: int, p: int) -> Interval:
-    """Part ``p`` of ``n`` cut in ``parts``: equal when it divides, else floor boundaries."""
-    return p * n // parts, (p + 1) * n // parts - 1
 
 
 def stored_regions(layout: tuple, shape: Sequence[int], parts: int) -> list[Box]:

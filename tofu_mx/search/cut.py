@@ -59,14 +59,18 @@ REPLICATED: StoreLayout = ("replicated",)
 
 @dataclass(frozen=True)
 class View:
-    """Shapes at one level: each operator's work view, each variable's stored shard, and the
-    stored shard of each operator output (which a partial or replicated computation's work
-    view may exceed: a cut may only split what is stored along an axis it divides)."""
+    """Shapes at one level: each operator's work view (its largest part's), each variable's
+    stored shard, and the stored shard of each operator output (which a partial or replicated
+    computation's work view may exceed). A stored shard is the smallest part's: a cut may
+    only split what every part stores along an axis at least as long as the cut."""
 
     op_in: dict[int, tuple[Shape, ...]]
     op_out: dict[int, tuple[Shape, ...]]
     var: dict[int, Shape]
     shard: dict[tuple[int, int], Shape]
+    #: operator -> its loop variables that an earlier cut split unevenly: the work view has
+    #: their largest part, and some part may be one shorter
+    short: Mapping[int, frozenset[str]] = field(default_factory=dict)
 
     @staticmethod
     def of(graph: Graph) -> "View":
@@ -78,29 +82,32 @@ class View:
 
 
 def op_strategies(graph: Graph, index: int, view: View, parts: int) -> list[Strategy]:
-    """The strategies of one operator at its work view (:func:`tofu_mx.tdl.annotate.annotate`)."""
+    """The strategies of one operator at its work view (:func:`tofu_mx.tdl.annotate.annotate`),
+    less those that would leave a part empty: splitting a variable an earlier cut split
+    unevenly, whose shortest part may be one less than the work view's."""
     node = graph.nodes[index]
-    return list(annotate(node.op, node.attrs, view.op_in[index], view.op_out[index],
-                         parts).strategies)
+    return list(annotate(node.op, node.attrs, view.op_in[index], view.op_out[index], parts,
+                         view.short.get(index)).strategies)
 
 
 def store_layouts(shape: Shape, parts: int) -> list[StoreLayout]:
-    """Layouts a tensor may be stored in: split on any axis ``parts`` divides, else whole."""
+    """Layouts a tensor may be stored in: split on any axis at least ``parts`` long (into
+    parts that differ by at most one), else whole."""
     return list(_store_layouts(tuple(shape), parts))
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def _store_layouts(shape: Shape, parts: int) -> tuple[StoreLayout, ...]:
-    found = [("split", a) for a, n in enumerate(shape) if n % parts == 0 and n >= parts]
+    found = [("split", a) for a, n in enumerate(shape) if n >= parts]
     return tuple(found) or (REPLICATED,)
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def _storable(shape: Shape, shard: Shape, parts: int) -> tuple[StoreLayout, ...]:
     """Layouts an output of work-view ``shape`` whose stored shard is ``shard`` may be stored
-    in: axes the cut divides in both."""
+    in: axes at least as long as the cut in both."""
     ok = tuple(lay for lay in _store_layouts(shape, parts)
-               if lay == REPLICATED or shard[lay[1]] % parts == 0)
+               if lay == REPLICATED or shard[lay[1]] >= parts)
     return ok or (REPLICATED,)
 
 
@@ -129,7 +136,7 @@ def _preserves_layout(strats: list[Strategy], in_shape: Shape, out_shape: Shape,
         return None
     found = {}
     for a, n in enumerate(in_shape):
-        if n % parts or n < parts:
+        if n < parts:
             continue
         for k, s in enumerate(strats):
             if s.kind == "output" and len(s.output_layouts) == 1 and \
@@ -195,8 +202,8 @@ class Cut:
         self._kind_of, self._shape_id, self.strats = {}, {}, {}
         for i in self.ops:
             node = nodes[i]
-            kind = kinds.setdefault((node.op, node.attrs, view.op_in[i], view.op_out[i]),
-                                    len(kinds))
+            kind = kinds.setdefault((node.op, node.attrs, view.op_in[i], view.op_out[i],
+                                     view.short.get(i)), len(kinds))
             if kind == len(strategies):
                 strategies.append(op_strategies(self.graph, i, view, self.parts))
             shards = tuple(view.shard[(i, k)] for k in range(len(node.outputs)))
@@ -609,7 +616,7 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
     """The work view of one part after this cut: what each operator reads and computes.
     Operators of one shape id resolved alike get one computation (keyed by the strategy's
     identity, as hashing a Strategy is slow: they are all alive in ``resolved_by_member``)."""
-    op_in, op_out, var, shard = {}, {}, {}, {}
+    op_in, op_out, var, shard, short = {}, {}, {}, {}, dict(cut.view.short)
     found: dict[tuple, tuple] = {}
     for i in cut.ops:
         s, stored = resolved_by_member[i]
@@ -619,13 +626,15 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
         shards, op_in[i], op_out[i] = found[key]
         for k, shape in enumerate(shards):
             shard[(i, k)] = shape
+        if s.uneven and s.kind in ("output", "reduce"):
+            short[i] = short.get(i, frozenset()) | {s.var}
     for v in cut.variables:
         shape = list(cut.view.var[v])
         layout = var_layout[v]
         if layout[0] == "split":
             shape[layout[1]] //= cut.parts
         var[v] = tuple(shape)
-    return View(op_in, op_out, var, shard)
+    return View(op_in, op_out, var, shard, short)
 
 
 def _next_shapes(cut: Cut, i: int, s: Strategy, stored: tuple) -> tuple:

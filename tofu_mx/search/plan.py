@@ -5,8 +5,9 @@ The first step cuts the graph into ``p1`` parts with the DP; each part's work (t
 its operators read and compute) is then cut into ``p2`` parts, and so on. The total is
 Tofu's ``c1 + p1 c2 + p1 p2 c3 + ...``: a later cut happens inside each group of devices
 made by the earlier ones. Every order of the prime factors is tried and the cheapest kept
-(for ``k = 2^m`` there is one). Only axes that a cut divides evenly are split at that step;
-a tensor with no such axis is kept whole there, so no shape is ever split unevenly.
+(for ``k = 2^m`` there is one). An axis a cut does not divide is split into parts that
+differ by at most one (floor boundaries, :func:`~tofu_mx.tdl.analysis.part_interval`), so
+any k gives each device about 1/k of a tensor; an axis shorter than the cut is not split.
 """
 from __future__ import annotations
 
@@ -107,7 +108,8 @@ class TensorPlan:
     shape: tuple[int, ...]
     dtype: str
     layouts: tuple[StoredLayout, ...]   # stored layout at each level
-    shard: tuple[int, ...]              # what one device stores
+    shard: tuple[int, ...]              # the largest piece one device stores (pieces of
+    #                                     an axis a cut does not divide differ by one)
 
     @property
     def shard_bytes(self) -> int:
@@ -324,14 +326,16 @@ def check_plan(plan: Plan, graph: Graph, num_devices: int | None = None) -> None
                 not all(isinstance(l, StoredLayout) for l in t.layouts):
             raise bad(f"tensor {name!r} has layouts {list(map(str, t.layouts))}: one "
                       f"StoredLayout per cut ({len(plan.factors)})")
-        shard = list(info.shape)
+        shard, smallest = list(info.shape), list(info.shape)
         for layout, p in zip(t.layouts, plan.factors):
             if layout.replicated:
                 continue
-            if not 0 <= layout.axis < len(shard) or shard[layout.axis] % p:
+            if not 0 <= layout.axis < len(shard) or smallest[layout.axis] < p:
                 raise bad(f"tensor {name!r} {info.shape} has layout '{layout}', which is not "
-                          f"'replicated' or 'split(axis)' with the axis divisible by {p}")
-            shard[layout.axis] //= p
+                          f"'replicated' or 'split(axis)' with every piece of the axis at "
+                          f"least {p} long")
+            shard[layout.axis] = -(-shard[layout.axis] // p)
+            smallest[layout.axis] //= p
         if tuple(t.shard) != tuple(shard):
             raise bad(f"tensor {name!r} has shard {t.shard}, its layouts give {tuple(shard)}")
     ops = [(n.name, n.op) for n in graph.operators()]
@@ -454,8 +458,8 @@ def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan
                 if layout not in typed:
                     typed[layout] = StoredLayout.of(layout)
                 layouts.append(typed[layout])
-                if layout[0] == "split":
-                    shard[layout[1]] //= r.cut.parts
+                if layout[0] == "split":     # the largest piece
+                    shard[layout[1]] = -(-shard[layout[1]] // r.cut.parts)
             kind = node.kind if node.is_variable else "activation"
             plans.append(TensorPlan(name, kind, info.shape, info.dtype, tuple(layouts),
                                     tuple(shard)))

@@ -218,19 +218,22 @@ def classify(regions: Sequence[Region], shape: Sequence[int]) -> Layout:
     cut = [a for a in range(len(shape)) if any(r[a] != whole[a] for r in regions)]
     if not cut:
         return Layout("replicated")
-    if len(cut) > 1 or shape[cut[0]] % parts:
+    if len(cut) > 1 or shape[cut[0]] < parts:
         return Layout("irregular")
-    axis, size = cut[0], shape[cut[0]] // parts
-    lo_ext = max(max(p * size - r[axis][0], 0) for p, r in enumerate(regions))
-    hi_ext = max(max(r[axis][1] - ((p + 1) * size - 1), 0) for p, r in enumerate(regions))
-    if max(lo_ext, hi_ext) >= size:
+    axis, n = cut[0], shape[cut[0]]
+    bounds = [_part(n, parts, p) for p in range(parts)]
+    lo_ext = max(max(b[0] - r[axis][0], 0) for b, r in zip(bounds, regions))
+    hi_ext = max(max(r[axis][1] - b[1], 0) for b, r in zip(bounds, regions))
+    if max(lo_ext, hi_ext) >= n // parts:
         return Layout("irregular")
     return Layout("split", axis, (lo_ext, hi_ext))
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """One way to run an operator in ``parts`` parts: split loop variable ``var``."""
+    """One way to run an operator in ``parts`` parts: split loop variable ``var``, whose
+    extent is ``extent`` (0 for replicate and whole), into parts that differ by at most one
+    (:func:`part_interval`)."""
 
     var: str
     kind: str                                   # "output" | "reduce" | "replicate" | "whole"
@@ -239,6 +242,12 @@ class Strategy:
     outputs: tuple[tuple[Region, ...], ...]     # [output][part] -> what the part computes
     input_layouts: tuple[Layout, ...]
     output_layouts: tuple[Layout, ...]
+    extent: int = 0
+
+    @property
+    def uneven(self) -> bool:
+        """Whether its parts differ in size (``parts`` does not divide the extent)."""
+        return bool(self.extent % self.parts)
 
     @property
     def name(self) -> str:
@@ -253,9 +262,13 @@ class Strategy:
         return f"{self.name}: inputs [{ins}] -> outputs [{outs}]"
 
 
-def _part(n: int, parts: int, p: int) -> Interval:
-    size = n // parts
-    return p * size, (p + 1) * size - 1
+def part_interval(n: int, parts: int, p: int) -> Interval:
+    """Part ``p`` of ``0..n-1`` cut in ``parts``: equal when ``parts`` divides ``n``, else
+    at floor boundaries (sizes differ by at most one; part 0 is a smallest)."""
+    return p * n // parts, (p + 1) * n // parts - 1
+
+
+_part = part_interval
 
 
 def _output_strategy(traced: Traced, var: str, parts: int) -> Strategy:
@@ -300,7 +313,7 @@ def _strategy(traced, var, kind, parts, per_input, per_output, combine) -> Strat
     else:
         out_layouts = tuple(classify(r, out.shape) for r, out in zip(per_output, traced.outputs))
     return Strategy(var, kind, parts, tuple(map(tuple, per_input)), tuple(map(tuple, per_output)),
-                    in_layouts, out_layouts)
+                    in_layouts, out_layouts, traced.extents[var])
 
 
 def _reduce_combine(traced: Traced, var: str) -> str | None:
@@ -337,18 +350,18 @@ def _runnable_on_slices(traced: Traced, strategy: Strategy) -> bool:
 def strategies(traced: Traced, parts: int = 2) -> list[Strategy]:
     """Every strategy of a traced operator for a cut into ``parts``, output variables first.
 
-    A variable whose extent ``parts`` does not divide is left out (uneven splits are the
-    search's business).
+    A variable whose extent ``parts`` does not divide is split into parts that differ by at
+    most one (:func:`part_interval`); one shorter than ``parts`` is not split.
     """
     out_vars = list(dict.fromkeys(v.name for out in traced.outputs for v in out.vars))
     red_vars = list(dict.fromkeys(v.name for out in traced.outputs for e in walk(out.expr)
                                   if isinstance(e, Reduce) for v in e.vars))
     result = []
     for var in out_vars:
-        if traced.extents[var] % parts == 0 and traced.extents[var] >= parts:
+        if traced.extents[var] >= parts:
             result.append(_output_strategy(traced, var, parts))
     for var in red_vars:
-        if var in out_vars or traced.extents[var] % parts or traced.extents[var] < parts:
+        if var in out_vars or traced.extents[var] < parts:
             continue
         combine = _reduce_combine(traced, var)
         if combine is not None:
@@ -414,7 +427,7 @@ def opaque_strategies(entry: Opaque, input_shapes: Sequence[Sequence[int]],
         return []
     sizes = {s[a] for s, a in zip(list(input_shapes) + list(output_shapes), in_axes + out_axes)
              if a is not None}
-    if len(sizes) != 1 or next(iter(sizes)) % parts:
+    if len(sizes) != 1 or next(iter(sizes)) < parts:
         return []
 
     def regions(shape, axis):
@@ -428,4 +441,5 @@ def opaque_strategies(entry: Opaque, input_shapes: Sequence[Sequence[int]],
     outs = tuple(regions(s, a) for s, a in zip(output_shapes, out_axes))
     return [Strategy("batch", "output", parts, ins, outs,
                      tuple(classify(r, s) for r, s in zip(ins, input_shapes)),
-                     tuple(classify(r, s) for r, s in zip(outs, output_shapes)))]
+                     tuple(classify(r, s) for r, s in zip(outs, output_shapes)),
+                     next(iter(sizes)))]

@@ -79,16 +79,18 @@ def whole_strategy(in_shapes: Sequence[Shape], out_shapes: Sequence[Shape],
 
 
 def annotate(op: str, attrs: FrozenDict, in_shapes: tuple, out_shapes: tuple,
-             parts: int = 2) -> NodeAnalysis:
-    """The analysis of one ``op`` node with these attributes (MXNet's strings) and shapes."""
+             parts: int = 2, short: frozenset[str] | None = None) -> NodeAnalysis:
+    """The analysis of one ``op`` node with these attributes (MXNet's strings) and shapes.
+    ``short``: loop variables an earlier cut split unevenly (the shapes are the largest
+    part's; another part may be one shorter): split only if that part is ``parts`` long."""
     return _annotate(op, attrs if type(attrs) is FrozenDict else FrozenDict(attrs),
                      tuple(map(tuple, in_shapes)), tuple(map(tuple, out_shapes)), parts,
-                     generation())
+                     short or frozenset(), generation())
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def _annotate(op: str, attrs: FrozenDict, ins: tuple, outs: tuple, parts: int,
-              _generation: int) -> NodeAnalysis:
+              short: frozenset[str], _generation: int) -> NodeAnalysis:
     """Like Tofu, the search does not trade redundant computation for fewer bytes, nor offer
     a strategy some share of which cannot run as the operator (:mod:`tofu_mx.tdl.shares`):
     LayerNorm split on its normalised axis, BatchNorm on the batch (each part reads the whole
@@ -107,6 +109,7 @@ def _annotate(op: str, attrs: FrozenDict, ins: tuple, outs: tuple, parts: int,
                      if runs_as_operator(entry, op, attrs, traced, s)]
         except TDLError as e:
             status, reason, found = FAILED, f"its description fails here: {e}", []
+    found = [s for s in found if s.var not in short or s.extent - 1 >= parts]
     if not found:
         # an untagged node (a Python custom operator) without inputs lands on the default
         # device: it can run once there, not once per device

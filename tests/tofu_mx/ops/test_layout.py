@@ -28,8 +28,9 @@ X, L = mx.sym.var("data"), mx.sym.var("like")
     (mx.sym.tile(X, reps=(2, 3)), 3, dict(data=(4, 3)), {"split i1"}),
     # out (2, 12): a half is 1.5 repetitions of 4: no tile computes it
     (mx.sym.tile(X, reps=(3,)), 2, dict(data=(2, 4)), {"split i0"}),
-    # a leading axis tile adds is split freely
-    (mx.sym.tile(X, reps=(4, 1, 1)), 2, dict(data=(2, 3)), {"split i0", "split i1"}),
+    # a leading axis tile adds is split freely, and so are axes it does not repeat (3
+    # columns in parts of 1 and 2)
+    (mx.sym.tile(X, reps=(4, 1, 1)), 2, dict(data=(2, 3)), {"split i0", "split i1", "split i2"}),
     # out (2, 6): a half holds 0, 0, 1: element 1 repeated once
     (mx.sym.repeat(X, repeats=2, axis=1), 2, dict(data=(2, 3)), {"split i0"}),
     (mx.sym.repeat(X, repeats=3, axis=1), 2, dict(data=(2, 4)), {"split i0", "split i1"}),

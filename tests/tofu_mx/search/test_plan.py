@@ -15,6 +15,7 @@ from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.search.exact import solve_ilp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.search.plan import factor_orders, prime_factors
+from tofu_mx.runtime.assign import device_parts, stored_box
 
 BATCH = 960   # divisible by every device count tested
 
@@ -82,17 +83,40 @@ def test_prime_factor_orders():
     (models.rnn(2, 24, 3, 36), models.input_shapes("rnn", 6, seq_len=3), 12),
     (models.transformer(1, 24, 4, 6, 36), models.input_shapes("transformer", 2, seq_len=6), 8),
     (mlp((12, 12)), {"data": (2, 32), "softmax_label": (2,)}, 8),   # a tiny batch: partials
+    (models.wresnet(14, 1, 10), models.input_shapes("wresnet", 7, image_size=32), 6),
+    (mlp((10, 7)), {"data": (5, 13), "softmax_label": (5,)}, 7),
+    (models.rnn(2, 20, 3, 30), models.input_shapes("rnn", 5, seq_len=3), 5),
 ])
-def test_shapes_are_never_split_unevenly(sym, shapes, k):
-    p = plan(sym, k, **shapes)
+def test_uneven_splits_give_every_device_a_piece_within_one(sym, shapes, k):
+    """Axes a cut does not divide are split at floor boundaries: every device stores a
+    non-empty piece, the pieces of an axis differ by at most one element, together they
+    tile the tensor, and the plan's shard is the largest piece."""
+    check_pieces(plan(sym, k, **shapes))
+
+
+def check_pieces(p) -> int:
+    """Checks the pieces of every tensor of plan ``p``; the number of uneven axes."""
+    k = p.num_devices
+    parts = device_parts(k, p.factors)
+    uneven = 0
     for t in p.tensors:
-        shape = list(t.shape)
-        for layout, parts in zip(t.layouts, p.factors):
-            if not layout.replicated:
-                axis = layout.axis
-                assert shape[axis] % parts == 0, (t.name, t.shape, t.layouts)
-                shape[axis] //= parts
-        assert tuple(shape) == t.shard
+        boxes = {stored_box(t.shape, t.layouts, p.factors, q) for q in parts}
+        sizes = [tuple(hi - lo + 1 for lo, hi in box) for box in boxes]
+        assert all(min(size) >= 1 for size in sizes), (t.name, t.layouts, sizes)
+        for axis in range(len(t.shape)):
+            extents = {size[axis] for size in sizes}
+            assert max(extents) - min(extents) <= 1, (t.name, t.layouts, sizes)
+            uneven += len(extents) > 1
+        assert sum(math.prod(size) for size in sizes) == math.prod(t.shape) or \
+            len(boxes) < k, (t.name, t.layouts)          # pieces tile the tensor (or repeat)
+        assert t.shard == tuple(max(size[a] for size in sizes) for a in range(len(t.shape)))
+    return uneven
+
+
+def test_uneven_splits_are_used():
+    """k = 3 on 32 channels, batch 8 and 10 classes: the plan splits axes 3 does not divide."""
+    sym, shapes = models.wresnet(14, 1, 10), models.input_shapes("wresnet", 8, image_size=32)
+    assert check_pieces(plan(sym, 3, **shapes)) > 0
 
 
 def test_plan_is_plain_deterministic_data():

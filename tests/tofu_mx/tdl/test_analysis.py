@@ -8,7 +8,7 @@ import pytest
 import tofu_mx.ops  # noqa: F401
 from nnvm_passes import import_symbol
 from tofu_mx.tdl.analysis import (Layout, _uses, classify, index_interval, opaque_strategies,
-                                  strategies)
+                                  part_interval, strategies)
 from tofu_mx.tdl.annotate import analyse
 from tofu_mx.tdl.interpret import evaluate
 from tofu_mx.tdl.lang import Affine, Bin, FloorDiv, IAdd, IScale, Mod, Unary
@@ -114,10 +114,21 @@ def test_multi_output_split_shares_variables():
 
 
 def test_three_parts_and_indivisible_axes():
+    """8 filters in 3 parts: 2, 3 and 3 (floor boundaries); 2 filters are not split in 3."""
     found = described("Convolution", {"kernel": (3, 3), "num_filter": 8, "pad": (1, 1)},
                       [(6, 6, 12, 12), (8, 6, 3, 3), (8,)], parts=3)
-    assert [s.split(":")[0] for s in found] == ["split b", "split x0", "split x1", "reduce ci"]
-    assert found[1] == "split x0: inputs [split(2)+halo(1, 1), replicated, replicated] -> outputs [split(2)]"
+    assert [s.split(":")[0] for s in found] == ["split b", "split co", "split x0", "split x1",
+                                                "reduce ci"]
+    assert found[1] == "split co: inputs [replicated, split(0), split(0)] -> outputs [split(1)]"
+    assert found[2] == "split x0: inputs [split(2)+halo(1, 1), replicated, replicated] -> " \
+        "outputs [split(2)]"
+    _, traced = traced_for("Convolution", {"kernel": (3, 3), "num_filter": 8, "pad": (1, 1)},
+                           [(6, 6, 12, 12), (8, 6, 3, 3), (8,)])
+    co = next(s for s in strategies(traced, 3) if s.var == "co")
+    assert co.uneven and [r[1] for r in co.outputs[0]] == [(0, 1), (2, 4), (5, 7)]
+    narrow = described("Convolution", {"kernel": (3, 3), "num_filter": 2, "pad": (1, 1)},
+                       [(6, 6, 12, 12), (2, 6, 3, 3), (2,)], parts=3)
+    assert "split co" not in [s.split(":")[0] for s in narrow]
 
 
 def test_opaque_rnn_splits_its_batch_axis():
@@ -126,8 +137,11 @@ def test_opaque_rnn_splits_its_batch_axis():
                              [(5, 4, 8), (1, 4, 8), (1, 4, 8)])
     assert s.describe() == ("split batch: inputs [split(1), replicated, split(1), split(1)] -> "
                             "outputs [split(1), split(1), split(1)]")
-    assert opaque_strategies(entry, [(5, 3, 3), (100,), (1, 3, 8), (1, 3, 8)],
-                             [(5, 3, 8), (1, 3, 8), (1, 3, 8)]) == []
+    (s,) = opaque_strategies(entry, [(5, 3, 3), (100,), (1, 3, 8), (1, 3, 8)],
+                             [(5, 3, 8), (1, 3, 8), (1, 3, 8)])
+    assert s.uneven and [r[1] for r in s.outputs[0]] == [(0, 0), (1, 2)]
+    assert opaque_strategies(entry, [(5, 1, 3), (100,), (1, 1, 8), (1, 1, 8)],
+                             [(5, 1, 8), (1, 1, 8), (1, 1, 8)]) == []
 
 
 @pytest.mark.parametrize("regions, shape, text", [
@@ -249,11 +263,10 @@ def test_every_part_computes_its_output_from_its_regions_alone(name, k):
                             g[box], f[box], rtol=1e-9, atol=1e-12,
                             err_msg=f"{name} example {k}, {s.name}, part {p}/{parts}, output {j}")
                     continue
-                size = traced.extents[s.var] // parts
                 part = traced if p == 0 or combine != "sum" else dataclasses.replace(
                     traced, outputs=tuple(dataclasses.replace(o, expr=without_free_terms(
                         o.expr, s.var)) for o in traced.outputs))
-                partials = evaluate(part, masked, within={s.var: (p * size, (p + 1) * size - 1)})
+                partials = evaluate(part, masked, within={s.var: part_interval(traced.extents[s.var], parts, p)})
                 for j, g in enumerate(partials):
                     combined[j] = g if combined[j] is None else combine_of[combine](combined[j], g)
             for j, f in enumerate(full if combine is not None else []):
