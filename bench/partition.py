@@ -6,8 +6,9 @@
 10 GB of RAM).
 
 (a) memory: ``memory_per_device()`` (weights, gradients, aux, inputs, and the activations some
-    gradient node reads, from MXNet's own gradient graphs), for the plan moving the fewest
-    bytes (memory weight 0, as Tofu) and a memory-weighted one (16), against the ideal:
+    gradient node reads, from MXNet's own gradient graphs), for the plans keeping converted
+    inputs for the backward pass (moving the fewest bytes, memory weight 0; and
+    memory-weighted, 16) and the default one fetching them again, against the ideal:
     the single-device graph's same figure divided by k. For sizes that fit, the weights,
     gradients, aux and inputs are also summed from a bound executor's arrays per context.
 (b) overhead: forward+backward time of the partitioned graph with every group on cpu(0),
@@ -104,18 +105,25 @@ def fill(exe, seed=0):
             a[:] = rng.standard_normal(a.shape).astype(a.dtype) * 0.05
 
 
-def memory_rows(cases, bound: bool, weights=(0.0, 16.0)):
+#: the plans compared: keeping converted inputs for the backward pass (fewest bytes, and
+#: memory-weighted), and fetching them again (the default)
+PLANS = (("keep", SearchOptions(refetch=False)),
+         ("keep, weight 16", SearchOptions(refetch=False, memory_weight=16.0)),
+         ("re-fetch", SearchOptions()))
+
+
+def memory_rows(cases, bound: bool, plans=PLANS):
     rows = []
     for label, sym, shapes, k in cases:
         ideal = single_device_bytes(sym, shapes) / k
-        for weight in weights:
+        for name, options in plans:
             t = time.perf_counter()
-            ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)],
-                                    options=SearchOptions(memory_weight=weight), **shapes)
+            ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], options=options,
+                                    **shapes)
             t_part = time.perf_counter() - t
             mem = ptd.memory_per_device()
             worst = max(m.total for m in mem)
-            row = [label, k, f"{weight:g}", f"{t_part:.1f}s", format_bytes(ideal),
+            row = [label, k, name, f"{t_part:.1f}s", format_bytes(ideal),
                    format_bytes(worst), f"{worst / ideal:.3f}"]
             if bound:
                 exe = ptd.simple_bind(grad_req={n.name: "write"
@@ -214,7 +222,7 @@ def main():
         ("LSTM-10x8K, batch 48, 20 steps", models.rnn(10, 8192, 20, 10000),
          models.input_shapes("rnn", 48, seq_len=20), 8),
     ]
-    head = ["model", "k", "memory weight", "partition", "ideal/device", "max device", "ratio",
+    head = ["model", "k", "plan", "partition", "ideal/device", "max device", "ratio",
             "bound arrays",
             "crossings", "crossing bytes (fwd+bwd)", "plan bytes"]
     print("## (a, c) memory per device and cross-device bytes")

@@ -27,6 +27,9 @@ import numpy as np
 
 from nnvm_passes.ir import FrozenDict, Graph, Node
 
+#: the attribute asking MXNet's gradient pass to build a node again in the backward pass
+MIRROR = "__force_mirroring__"
+
 _REF = re.compile(r"^\s*arg\[(\d+)\]=(.+)\((\d+)\)")
 _OP = re.compile(r"^Op:(\S+), Name=(.+)$", re.M)
 _OUTPUT = re.compile(r"^\s*output\[\d+\]=(.*)\(\d+\)$", re.M)
@@ -187,18 +190,47 @@ def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool]
     producer itself when its gradient reads its output; empty when the tensor is not kept).
     A tensor read on another device is held there, in the copy MXNet makes for that device.
     ``grads``: whether each tensor carries a gradient (an operator has a gradient node when
-    one of its outputs does)."""
+    one of its outputs does).
+
+    A node marked ``__force_mirroring__`` is built again in the backward pass, from its
+    inputs, and MXNet's gradient pass reads that copy instead: its gradient holds none of its
+    own outputs, and what it reads is built again in turn where marked; the unmarked tensors
+    beneath are held, by the marked node reading them."""
+    mirrored = {i for i, n in enumerate(graph.nodes)
+                if not n.is_variable and _flag(n.attrs.get(MIRROR))}
     kept: dict[tuple[int, int], set[int]] = {
         (i, j): set() for i, n in enumerate(graph.nodes) if not n.is_variable
         for j in range(len(n.outputs))}
+    held: set[tuple[int, int]] = set()    # (mirrored node, input position) already followed
+
+    def hold(e, reader: int) -> None:
+        """``reader`` (or, when marked, its copy) reads entry ``e`` in the backward pass."""
+        if graph.nodes[e.node].is_variable:
+            return
+        if reader not in mirrored or e.node not in mirrored:
+            kept[(e.node, e.index)].add(reader)
+            return
+        for p, inner in enumerate(graph.nodes[e.node].inputs):   # the copy's input, in turn
+            if (e.node, p) not in held:
+                held.add((e.node, p))
+                hold(inner, e.node)
+
     for i, node in enumerate(graph.nodes):
         if node.is_variable or not any(grads[(i, j)] for j in range(len(node.outputs))):
             continue
         ins, outs = backward_reads(node, graph)
+        if i in mirrored:     # its copy runs again, from all its inputs
+            for p, e in enumerate(node.inputs):
+                if (i, p) not in held:
+                    held.add((i, p))
+                    hold(e, i)
+            continue
         for j in outs:
             kept[(i, j)].add(i)
         for p in ins:
-            e = node.inputs[p]
-            if not graph.nodes[e.node].is_variable:
-                kept[(e.node, e.index)].add(i)
+            hold(node.inputs[p], i)
     return {t: frozenset(r) for t, r in kept.items()}
+
+
+def _flag(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("true", "1")

@@ -16,7 +16,16 @@ rewrite never decides anything; it emits, lazily from the graph's outputs backwa
   with ``SliceChannel`` (equal pieces) or ``_split_v2`` (any cut points) on the device
   holding them, and joined with ``Concat`` on the device needing it; padding is a ``_full``
   block; partial outputs are combined with ``add_n`` (or ``_maximum``/``_minimum``) on the
-  device storing the result. MXNet inserts ``_CrossDeviceCopy`` between groups.
+  device storing the result. MXNet inserts ``_CrossDeviceCopy`` between groups;
+- re-fetching (an operator assigned ``refetch``): its converted inputs are built apart, each
+  node marked ``__force_mirroring__``, and so is the operator's share when it reads one.
+  MXNet's gradient pass then reads a copy of each marked node that it builds again in the
+  backward pass from the unmarked tensors beneath (the stored shards), so nothing converted
+  is held from the forward pass to the backward: the share runs twice and its remote pieces
+  cross twice (its outputs go through a marked and an unmarked ``_copy``: see
+  :meth:`_Rewrite.instance`). Every remote piece goes through its own marked ``_copy`` on
+  the device holding it, so that the backward pass's cross-device copy is not the forward
+  pass's (MXNet makes one per tensor and device, which would be held).
 
 The graph's outputs are joined whole on device 0, so the partitioned symbol has the
 original's outputs and shapes.
@@ -29,7 +38,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from nnvm_passes.backward import passes_gradient_through
+from nnvm_passes.backward import MIRROR, passes_gradient_through
 from nnvm_passes.ir import Graph, format_attr_value
 from tofu_mx.devices import group_name
 from tofu_mx.errors import TofuError
@@ -85,6 +94,7 @@ class _Rewrite:
         self.counts: dict[str, int] = {}
         self.memo: dict[tuple, Any] = {}
         self.origin: dict[int, int] = {}     # emitted operator share -> the graph's node
+        self.again: set[int] = set()         # emitted nodes the backward pass builds again
 
     # --- emitting ---------------------------------------------------------------------------
     def _name(self, base: str) -> str:
@@ -96,14 +106,18 @@ class _Rewrite:
         return name
 
     def add(self, op: str, base: str, attrs: Mapping[str, str], inputs, device: int,
-            role: str | None, tagged: bool = True) -> int:
+            role: str | None, tagged: bool = True, again: bool = False) -> int:
         """Emit a node in ``device``'s group; ``role`` names it in :attr:`counts` (None: not
         counted, as variables, which :attr:`shards` lists). ``tagged=False``: without the
-        ``__ctx_group__`` attribute (MXNet then places the node with its first input)."""
+        ``__ctx_group__`` attribute (MXNet then places the node with its first input).
+        ``again``: the backward pass builds it again (``__force_mirroring__``)."""
         attrs = {k: v if isinstance(v, str) else format_attr_value(v)
-                 for k, v in attrs.items() if k != "__ctx_group__"}
+                 for k, v in attrs.items() if k not in ("__ctx_group__", MIRROR)}
         if tagged:
             attrs["__ctx_group__"] = group_name(device)
+        if again:
+            attrs[MIRROR] = "True"
+            self.again.add(len(self.nodes))
         self.nodes.append({"op": op, "name": self._name(base), "attrs": attrs,
                            "inputs": [[n, i, 0] for n, i in inputs]})
         self.device.append(device)
@@ -135,7 +149,7 @@ class _Rewrite:
             self.memo[key] = (nid, 0)
         return self.memo[key]
 
-    def send(self, sym: Sym, d: int) -> Sym:
+    def send(self, sym: Sym, d: int, again: bool = False) -> Sym:
         """``sym`` for readers on device ``d``. MXNet inserts the cross-device copy; the
         rewrite adds a ``_copy`` on the device holding ``sym`` (one per reading device) only
         where the sum of ``sym``'s gradients must be made on that device: MXNet places a
@@ -143,24 +157,26 @@ class _Rewrite:
         could be summed away from the variable (which cannot bind), and so could the gradient
         of an operator that hands its output gradient to its inputs unchanged
         (``elemwise_add``, ``add_n``: :func:`passes_gradient_through`). Every other operator's
-        gradient node sits in its own ctx group and reads the sum wherever it was made."""
+        gradient node sits in its own ctx group and reads the sum wherever it was made.
+        ``again``: re-fetched in the backward pass, always through a marked ``_copy``."""
         src = self.device[sym[0]]
         if src == d:
             return sym
-        key = ("send", sym, d)
+        key = ("send", sym, d, again)
         if key not in self.memo:
             self.memo[key] = (self.add("_copy", f"{self.nodes[sym[0]]['name']}@to{d}", {}, [sym],
-                                       src, "send"), 0) if self.needs_copy(sym) else sym
+                                       src, "send", again=again), 0) \
+                if again or self.needs_copy(sym) else sym
         return self.memo[key]
 
-    def on_device(self, sym: Sym, d: int) -> Sym:
+    def on_device(self, sym: Sym, d: int, again: bool = False) -> Sym:
         """``sym`` made by a node of device ``d`` (a ``_copy`` there if it lives elsewhere)."""
         if self.device[sym[0]] == d:
             return sym
-        key = ("on", sym, d)
+        key = ("on", sym, d, again)
         if key not in self.memo:
             self.memo[key] = (self.add("_copy", f"{self.nodes[sym[0]]['name']}@on{d}", {}, [sym],
-                                       d, "send"), 0)
+                                       d, "send", again=again), 0)
         return self.memo[key]
 
     def needs_copy(self, sym: Sym) -> bool:
@@ -176,7 +192,7 @@ class _Rewrite:
         key = ("op", i, d)
         if key in self.memo:
             return self.memo[key]
-        node, share = self.g.nodes[i], self.a.ops[i].shares[d]
+        node, share, again = self.g.nodes[i], self.a.ops[i].shares[d], self.a.ops[i].refetch
         if share.views is not None:       # no operator: each output is a region of input 0
             entry = node.inputs[0]
             outs = [self.region((entry.node, entry.index), box, d, share.pads[0])
@@ -191,14 +207,26 @@ class _Rewrite:
             if src.is_variable and src.kind == "aux":
                 inputs.append(self.variable(entry.node, box, d))
             else:
-                inputs.append(self.region((entry.node, entry.index), box, d, share.pads[j]))
+                inputs.append(self.region((entry.node, entry.index), box, d, share.pads[j],
+                                          again))
         tagged = not self.a.ops[i].placed_by_input
         if not tagged and inputs:    # MXNet places it with its first input: that must be on d
-            inputs[0] = self.on_device(inputs[0], d)
+            inputs[0] = self.on_device(inputs[0], d, again)
+        # run again in the backward pass only where that re-fetches a converted input
+        rerun = any(n in self.again and n not in self.origin for n, _ in inputs)
         nid = self.add(node.op, node.name + self.suffix(d), share.attrs, inputs, d, "operator",
-                       tagged)
+                       tagged, again=rerun)
         self.origin[nid] = i
         outs = [(nid, j) for j in range(len(node.outputs))]
+        if rerun:
+            # each output goes through a marked _copy, so that the share's run in the
+            # backward pass has its outputs read (kernels such as Convolution refuse to run
+            # with nothing to write), then an unmarked one, which every reader reads: the
+            # backward pass's copies of readers that run again read what the forward pass
+            # kept there, not the share run again. Both may run in place (MXNet's planner).
+            outs = [(self.add("_copy", f"{node.name}{self.suffix(d)}@held{j}", {}, [(self.add(
+                "_copy", f"{node.name}{self.suffix(d)}@rerun{j}", {}, [o], d, "rerun",
+                again=True), 0)], d, "rerun"), 0) for j, o in enumerate(outs)]
         if share.scale is not None and share.scale != 1.0:
             outs = [(self.add("_mul_scalar", f"{node.name}{self.suffix(d)}@scale",
                               {"scalar": repr(float(share.scale))}, [o], d, "scale"), 0)
@@ -259,9 +287,11 @@ class _Rewrite:
         return acc
 
     # --- regions ----------------------------------------------------------------------------
-    def region(self, t: tuple[int, int], box: Box, d: int, pad: float | None) -> Sym:
-        """Tensor ``t``'s values in ``box`` on device ``d`` (outside its bounds: ``pad``)."""
-        key = ("region", t, box, d, pad)
+    def region(self, t: tuple[int, int], box: Box, d: int, pad: float | None,
+               again: bool = False) -> Sym:
+        """Tensor ``t``'s values in ``box`` on device ``d`` (outside its bounds: ``pad``);
+        ``again``: every node converting it is built again in the backward pass."""
+        key = ("region", t, box, d, pad, again)
         if key in self.memo:
             return self.memo[key]
         shape = self.g.nodes[t[0]].outputs[t[1]].shape
@@ -272,13 +302,14 @@ class _Rewrite:
                 raise TofuError(f"{self.g.nodes[t[0]].name} is read at {box} beyond its shape "
                                 f"{shape} but has no pad value")
             inner = box[:a] + ((max(lo, 0), min(hi, n - 1)),) + box[a + 1:]
-            pieces = [(inner, self.region(t, inner, d, pad))]
+            pieces = [(inner, self.region(t, inner, d, pad, again))]
             if lo < 0:
                 pieces.insert(0, (box[:a] + ((lo, -1),) + box[a + 1:], None))
             if hi >= n:
                 pieces.append((box[:a] + ((n, hi),) + box[a + 1:], None))
-            pieces = [(b, s if s is not None else self.constant(b, pad, d, t)) for b, s in pieces]
-            self.memo[key] = self.concat([s for _, s in pieces], a, d, t)
+            pieces = [(b, s if s is not None else self.constant(b, pad, d, t, again))
+                      for b, s in pieces]
+            self.memo[key] = self.concat([s for _, s in pieces], a, d, t, again=again)
             return self.memo[key]
         node = self.g.nodes[t[0]]
         pieces = []
@@ -288,24 +319,24 @@ class _Rewrite:
                 continue
             if node.is_variable:
                 src = holders[0]
-                piece = self.extract(self.variable(t[0], cell, src), cell, inter, src)
+                piece = self.extract(self.variable(t[0], cell, src), cell, inter, src, again)
             else:
                 src = d if d in holders else holders[0]
-                piece = self.extract(self.stored(t, src), cell, inter, src)
-            pieces.append((inter, self.send(piece, d)))
-        self.memo[key] = self.assemble(pieces, box, d, t)
+                piece = self.extract(self.stored(t, src), cell, inter, src, again)
+            pieces.append((inter, self.send(piece, d, again)))
+        self.memo[key] = self.assemble(pieces, box, d, t, again)
         return self.memo[key]
 
-    def constant(self, box: Box, value: float, d: int, t) -> Sym:
+    def constant(self, box: Box, value: float, d: int, t, again: bool = False) -> Sym:
         dtype = self.g.nodes[t[0]].outputs[t[1]].dtype
         if np.isinf(value):
             value = float(np.finfo(dtype).min if value < 0 else np.finfo(dtype).max)
         shape = tuple(hi - lo + 1 for lo, hi in box)
         return (self.add("_full", f"{self.g.nodes[t[0]].name}{self.suffix(d)}@pad",
                          {"shape": format_attr_value(shape), "value": repr(float(value)),
-                          "dtype": dtype}, [], d, "pad"), 0)
+                          "dtype": dtype}, [], d, "pad", again=again), 0)
 
-    def extract(self, sym: Sym, src: Box, target: Box, device: int) -> Sym:
+    def extract(self, sym: Sym, src: Box, target: Box, device: int, again: bool = False) -> Sym:
         """``target`` out of ``sym`` (holding ``src``), cut on ``device``."""
         for a, ((s0, s1), (t0, t1)) in enumerate(zip(src, target)):
             if (s0, s1) == (t0, t1):
@@ -313,48 +344,52 @@ class _Rewrite:
             n, o0, o1 = s1 - s0 + 1, t0 - s0, t1 - s0 + 1
             width = o1 - o0
             if n % width == 0 and o0 % width == 0:
-                key = ("cut", sym, a, n // width)
+                key = ("cut", sym, a, n // width, again)
                 if key not in self.memo:
                     self.memo[key] = self.add(
                         "SliceChannel", f"{self.nodes[sym[0]]['name']}@split{a}",
-                        {"num_outputs": str(n // width), "axis": str(a)}, [sym], device, "split")
+                        {"num_outputs": str(n // width), "axis": str(a)}, [sym], device, "split",
+                        again=again)
                 sym = (self.memo[key], o0 // width)
             else:
                 cuts = tuple(sorted({0, o0, o1} - {n}))
-                key = ("cut", sym, a, cuts)
+                key = ("cut", sym, a, cuts, again)
                 if key not in self.memo:
                     self.memo[key] = self.add(
                         "_split_v2", f"{self.nodes[sym[0]]['name']}@split{a}",
                         {"indices": format_attr_value(cuts), "axis": str(a),
-                         "squeeze_axis": "False", "sections": "0"}, [sym], device, "split")
+                         "squeeze_axis": "False", "sections": "0"}, [sym], device, "split",
+                        again=again)
                 sym = (self.memo[key], cuts.index(o0))
             src = src[:a] + ((t0, t1),) + src[a + 1:]
         return sym
 
-    def concat(self, syms: list[Sym], axis: int, d: int, t, equal: bool = False) -> Sym:
+    def concat(self, syms: list[Sym], axis: int, d: int, t, equal: bool = False,
+               again: bool = False) -> Sym:
         """Join ``syms`` along ``axis`` on device ``d``. Pieces of one size are stacked and
         reshaped (``stack`` then ``Reshape``): neither's gradient reads its inputs, so the
         pieces are freed after the forward pass, where ``Concat``'s gradient (in MXNet's
         MKLDNN builds) keeps every piece until the backward pass."""
         if len(syms) == 1:
             return syms[0]
-        key = ("concat", tuple(syms), axis, d)
+        key = ("concat", tuple(syms), axis, d, again)
         if key not in self.memo:
             base = f"{self.g.nodes[t[0]].name}{self.suffix(d)}@concat{axis}"
             if equal:
                 stacked = self.add("stack", base + "@stack", {"axis": str(axis),
                                                               "num_args": str(len(syms))},
-                                   syms, d, "concat")
+                                   syms, d, "concat", again=again)
                 merge = format_attr_value((0,) * axis + (-3, -2))
                 self.memo[key] = (self.add("Reshape", base, {"shape": merge},
-                                           [(stacked, 0)], d, None), 0)
+                                           [(stacked, 0)], d, None, again=again), 0)
             else:
                 self.memo[key] = (self.add("Concat", base, {"dim": str(axis),
                                                             "num_args": str(len(syms))},
-                                           syms, d, "concat"), 0)
+                                           syms, d, "concat", again=again), 0)
         return self.memo[key]
 
-    def assemble(self, pieces: list[tuple[Box, Sym]], box: Box, d: int, t) -> Sym:
+    def assemble(self, pieces: list[tuple[Box, Sym]], box: Box, d: int, t,
+                 again: bool = False) -> Sym:
         """Join pieces tiling ``box`` (a grid) with Concat on device ``d``."""
         if len(pieces) == 1 and pieces[0][0] == box:
             return pieces[0][1]
@@ -367,11 +402,12 @@ class _Rewrite:
                 if span[0] != at:
                     break
                 sub = box[:a] + (span,) + box[a + 1:]
-                parts.append(self.assemble([p for p in pieces if p[0][a] == span], sub, d, t))
+                parts.append(self.assemble([p for p in pieces if p[0][a] == span], sub, d, t,
+                                           again))
                 at = span[1] + 1
             if at == box[a][1] + 1 and len(parts) == len(spans):
                 equal = len({hi - lo for lo, hi in spans}) == 1
-                return self.concat(parts, a, d, t, equal)
+                return self.concat(parts, a, d, t, equal, again)
         raise TofuError(f"internal: the pieces {[p[0] for p in pieces]} of "
                         f"{self.g.nodes[t[0]].name} do not tile {box}")
 

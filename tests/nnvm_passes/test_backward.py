@@ -69,6 +69,32 @@ def test_memory_per_device_counts_kept_activations():
 
 
 
+def test_a_mirrored_reader_holds_what_its_copy_reads_beneath_the_mirrored_nodes():
+    """MXNet builds a node marked __force_mirroring__ again in the backward pass, from its
+    inputs (themselves built again where marked), and the gradient reads that copy."""
+    data = mx.sym.var("data")
+    conv0 = mx.sym.Convolution(data, num_filter=4, kernel=(1, 1), name="conv0")
+    cut = mx.sym.split(conv0, num_outputs=2, axis=1, name="cut",
+                       attr={"__force_mirroring__": "True"})
+    join = mx.sym.concat(cut[1], cut[0], dim=1, name="join",
+                         attr={"__force_mirroring__": "True"})
+    conv1 = mx.sym.Convolution(join, num_filter=4, kernel=(1, 1), name="conv1",
+                               attr={"__force_mirroring__": "True"})
+    kept_copy = mx.sym.identity(conv1, name="held")
+    tanh = mx.sym.Activation(kept_copy, act_type="tanh", name="tanh")    # reads its input
+    out = mx.sym.LinearRegressionOutput(tanh, name="loss")
+    g = import_symbol(out, data=(2, 4, 3, 3), loss_label=(2, 4, 3, 3))
+    kept = kept_for_backward(g, needs_grad_of(g))
+    idx = {n.name: i for i, n in enumerate(g.nodes)}
+    readers = {g.nodes[i].name: {g.nodes[r].name for r in rs} for (i, j), rs in kept.items()
+               if rs and j == 0}
+    # conv1's copy reads join's copy, which reads cut's copy, which reads conv0: held there;
+    # neither join nor cut is; tanh (unmarked) reads held's output, kept as always
+    assert readers == {"conv0": {"cut"}, "held": {"tanh"}, "tanh": {"tanh"},
+                       "loss": {"loss"}}
+    assert not kept[(idx["join"], 0)] and not kept[(idx["conv1"], 0)]
+
+
 @pytest.mark.parametrize("name, passes", [
     ("conv", False), ("relu", False), ("tanh", False),
     ("add", True),                     # elemwise_add hands its output gradient on unchanged

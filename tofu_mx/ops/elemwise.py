@@ -58,7 +58,8 @@ _SELU_LAMBDA, _SELU_ALPHA = 1.0507009873554804934193349852946, 1.673263242354377
                            ({"act_type": "selu"}, _X), ({"act_type": "gelu"}, _X),
                            ({"act_type": "prelu"}, [(2, 3, 4), (3,)]),
                            ({"act_type": "rrelu", "lower_bound": 0.1, "upper_bound": 0.3}, _X)],
-    train=False, note="rrelu draws a random slope in training; checked in inference mode")
+    train=False, recompute=False,
+    note="rrelu draws a random slope in training; checked in inference mode")
 def leaky_relu(attrs, data, gamma=None):
     kind, slope = attrs.get("act_type", "leaky"), float(attrs.get("slope", 0.25))
     if kind == "prelu":

@@ -17,6 +17,10 @@ shapes than the analysis) makes the whole operator run whole on every device ins
 ``fallback``, reported, never a wrong result. An operator planned ``whole`` at every level (it
 has no description) runs once, on device 0 (part 0 of every cut), and the other devices have
 no share of it: also reported as a fallback.
+
+With :attr:`Plan.refetch`, an operator whose gradient reads its inputs and that may run
+again (:func:`~tofu_mx.search.structure.refetches_inputs`) is marked ``refetch``: the rewrite
+builds its converted inputs so that the backward pass fetches them again.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from nnvm_passes.ir import FrozenDict, Graph
 from tofu_mx.errors import InvalidArgumentError, TofuError
 from tofu_mx.search.layouts import OpStrategy, StoredLayout
 from tofu_mx.search.plan import Plan
+from tofu_mx.search.structure import needs_grad_of, refetches_inputs
 from tofu_mx.tdl.analysis import pad_values, part_interval, work_regions
 from tofu_mx.tdl.annotate import described
 from tofu_mx.tdl.registry import Description, Opaque, facts, lookup, registry_key
@@ -57,6 +62,8 @@ class OpAssignment:
     fallback: str | None = None          # why the operator runs whole on every device
     loss: bool = False                   # its gradient ignores the head's: one share per box
     placed_by_input: bool = False        # emitted without __ctx_group__ (see OpFacts)
+    refetch: bool = False                # its converted inputs are fetched again, and it runs
+    #                                      again, in the backward pass (Plan.refetch)
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,7 @@ def assign(graph: Graph, plan: Plan) -> Assignment:
             stored[(i, j)] = tuple(stored_box(t.shape, t.layouts, plan.factors, p) for p in parts)
     strategies = {o.name: o.strategies for o in plan.ops}
     consumers = graph.consumers()
+    grads = needs_grad_of(graph) if plan.refetch else {}
     ops: dict[int, OpAssignment] = {}
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
@@ -131,7 +139,9 @@ def assign(graph: Graph, plan: Plan) -> Assignment:
                 if e.node == i}
         try:
             op = _assign_op(graph, i, strategies[node.name], plan.factors, parts, read)
-            ops[i] = dataclasses.replace(op, placed_by_input=not facts(node.op).group_attr)
+            ops[i] = dataclasses.replace(
+                op, placed_by_input=not facts(node.op).group_attr,
+                refetch=plan.refetch and refetches_inputs(graph, i, grads))
         except TofuError:
             raise
         except Exception as e:  # noqa: BLE001  (re-raised with the node named)

@@ -1,16 +1,18 @@
 """Bytes moved against memory per device: the plans the search finds as the memory weight
 grows, each measured after the rewrite, and the fewest-bytes plan that fits a budget.
 
-A plan's memory weight prices each byte of converted input kept for the backward pass in
-bytes moved (:class:`~tofu_mx.search.plan.SearchOptions`): weight 0 moves the fewest bytes
-(Tofu's objective), larger weights keep less and move more. Memory is
-:meth:`PartitionedSymbol.memory_per_device` (with the optimizer state the options expect),
-so it counts the converted copies the rewrite really keeps.
+A plan either keeps the converted inputs a gradient reads until the backward pass, or
+fetches them again there (``SearchOptions.refetch``: less memory, more bytes, and the
+operators reading them run twice). A keeping plan's memory weight prices each byte kept in
+bytes moved: weight 0 moves the fewest bytes (Tofu's objective), larger weights keep less
+and move more. Memory is :meth:`PartitionedSymbol.memory_per_device` (with the optimizer
+state the options expect), so it counts the converted copies the rewrite really keeps.
 
 **Under a budget** (:func:`fit_budget`) the weight is searched, not laddered: the given
 weight first; if its plan does not fit, the weight is multiplied by 4 until one fits (up to
 :data:`MAX_WEIGHT`), then bisected (geometrically) between the last weight that did not fit
-and the first that did, keeping the fewest-bytes plan that fits.
+and the first that did, keeping the fewest-bytes plan that fits (among these and the
+re-fetching plan, when it is allowed).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class TradeOff:
     bytes_moved: float
     memory: tuple[int, ...]          # bytes per device, optimizer state included
     detail: tuple = ()               # per device, what the bytes are (DeviceMemory rows)
+    refetch: bool = False            # converted inputs fetched again in the backward pass
 
     @property
     def worst(self) -> int:
@@ -53,11 +56,12 @@ class Frontier:
 
     def report(self) -> str:
         lines = ["bytes moved against memory per device (Pareto front of the plans found):",
-                 f"  {'memory weight':>13}  {'bytes moved':>12}  {'worst device':>12}  "
-                 f"{'/ ideal':>7}"]
+                 f"  {'backward':>9}  {'memory weight':>13}  {'bytes moved':>12}  "
+                 f"{'worst device':>12}  {'/ ideal':>7}"]
         for p in self.points:
-            lines.append(f"  {p.memory_weight:>13g}  {format_bytes(p.bytes_moved):>12}  "
-                         f"{format_bytes(p.worst):>12}  {p.worst / self.ideal:>7.3f}")
+            how = "re-fetch" if p.refetch else "keep"
+            lines.append(f"  {how:>9}  {p.memory_weight:>13g}  {format_bytes(p.bytes_moved):>12}"
+                         f"  {format_bytes(p.worst):>12}  {p.worst / self.ideal:>7.3f}")
         lines.append(f"  (ideal: one device's memory / k = {format_bytes(self.ideal)})")
         return "\n".join(lines)
 
@@ -65,7 +69,7 @@ class Frontier:
 def pareto(points: Sequence[TradeOff]) -> tuple[TradeOff, ...]:
     """The points no other point beats in both bytes and memory, fewest bytes first (ties:
     the smaller weight)."""
-    ordered = sorted(points, key=lambda p: (p.bytes_moved, p.worst, p.memory_weight))
+    ordered = sorted(points, key=lambda p: (p.bytes_moved, p.worst, p.refetch, p.memory_weight))
     front, least = [], math.inf
     for p in ordered:
         if p.worst < least:
@@ -77,10 +81,13 @@ def pareto(points: Sequence[TradeOff]) -> tuple[TradeOff, ...]:
 Measure = Callable[[float], "tuple[TradeOff, object]"]   # weight -> (its trade-off, its result)
 
 
-def fit_budget(measure: Measure, budgets: Sequence[float], start: float = 0.0):
+def fit_budget(measure: Measure, budgets: Sequence[float], start: float = 0.0,
+               others: Sequence[tuple[TradeOff, object]] = ()):
     """The result of ``measure(weight)`` moving the fewest bytes among those whose every
-    device fits its budget, searching the weight as the module says; NoFeasiblePlanError
-    (the smallest footprint found) if none fits up to :data:`MAX_WEIGHT`."""
+    device fits its budget, searching the weight as the module says, or of ``others`` (plans
+    measured already: the re-fetching one) when one of them fits and moves fewer;
+    NoFeasiblePlanError (the smallest footprint found) if none fits up to
+    :data:`MAX_WEIGHT`."""
     seen: dict[float, tuple[TradeOff, object]] = {}
 
     def fits(weight: float) -> bool:
@@ -101,11 +108,11 @@ def fit_budget(measure: Measure, budgets: Sequence[float], start: float = 0.0):
                 high = middle
             else:
                 low = middle
-    fitting = [(t, r) for t, r in seen.values()
-               if all(m <= b for m, b in zip(t.memory, budgets))]
+    tried = [*seen.values(), *others]
+    fitting = [(t, r) for t, r in tried if all(m <= b for m, b in zip(t.memory, budgets))]
     if fitting:
         return min(fitting, key=lambda tr: (tr[0].bytes_moved, tr[0].memory_weight))[1]
-    best = min(seen.values(), key=lambda tr: tr[0].worst)[0]
+    best = min(tried, key=lambda tr: tr[0].worst)[0]
     device = max(range(len(budgets)), key=lambda d: best.memory[d] - budgets[d])
     what = ""
     if best.detail:
@@ -113,8 +120,9 @@ def fit_budget(measure: Measure, budgets: Sequence[float], start: float = 0.0):
         what = (f" (weights {format_bytes(m.weights)}, gradients {format_bytes(m.gradients)}, "
                 f"optimizer {format_bytes(m.optimizer)}, activations "
                 f"{format_bytes(m.activations)})")
+    how = "re-fetching" if best.refetch else f"memory weight {best.memory_weight:g}"
     raise NoFeasiblePlanError(
-        f"no partition fits: the plan holding least (memory weight {best.memory_weight:g}, "
+        f"no partition fits: the plan holding least ({how}, "
         f"{format_bytes(best.bytes_moved)} moved per step) needs {format_bytes(best.memory[device])}"
         f"{what} on device {device} but its budget is {format_bytes(budgets[device])}; use more "
         f"devices, a smaller batch, or a larger budget", best.worst)
@@ -125,7 +133,8 @@ def trade_off(ptd, weight: float, optimizer_state: float) -> TradeOff:
     options expect: that many bytes per weight byte)."""
     rows = tuple(dataclasses.replace(m, optimizer=int(m.weights * optimizer_state))
                  for m in ptd.memory_per_device())
-    return TradeOff(weight, ptd.plan.total_bytes, tuple(m.total for m in rows), rows)
+    return TradeOff(weight, ptd.plan.total_bytes, tuple(m.total for m in rows), rows,
+                    ptd.plan.refetch)
 
 
 __all__ = ["FRONTIER_WEIGHTS", "Frontier", "MAX_WEIGHT", "TradeOff", "fit_budget", "pareto",

@@ -385,8 +385,10 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     Runs import -> lowering -> TDL analysis -> coarsening -> search (:func:`tofu_mx.plan`)
     -> assignment -> rewrite -> check. ``memory_budget``: bytes per device (or a list).
     Without one, the plan moves the fewest bytes (``options.memory_weight``, 0 by default, as
-    Tofu). With one, the memory weight is searched for the plan moving the fewest bytes whose
-    ``memory_per_device()`` fits (:func:`tofu_mx.runtime.frontier.fit_budget`);
+    Tofu) given ``options.refetch`` (on by default: the converted inputs a gradient reads are
+    fetched again in the backward pass, not kept). With one, the plan moving the fewest bytes
+    whose ``memory_per_device()`` fits: the re-fetching plan (when ``options.refetch``), or a
+    keeping plan at a memory weight searched for (:func:`tofu_mx.runtime.frontier.fit_budget`);
     :class:`tofu_mx.NoFeasiblePlanError` if none does.
     An operator with no TDL description runs whole on one device (listed in
     :attr:`PartitionedSymbol.fallbacks`, with one warning); ``strict=True`` refuses the graph
@@ -406,20 +408,22 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         return apply_plan(symbol, graph, plan, contexts)
     budgets = budgets_of(memory_budget, k)
 
-    def measure(weight: float):
-        tried = dataclasses.replace(options, memory_weight=weight)
+    def measure(weight: float, refetch: bool = False):
+        tried = dataclasses.replace(options, memory_weight=weight, refetch=refetch)
         plan = plan_graph(graph, k, options=tried)
         _check_operators(graph, plan, k, strict)
         ptd = apply_plan(symbol, graph, plan, contexts)
         return trade_off(ptd, weight, tried.optimizer_state), ptd
-    return fit_budget(measure, budgets, options.memory_weight)
+    others = [measure(options.memory_weight, True)] if options.refetch else []
+    return fit_budget(measure, budgets, options.memory_weight, others)
 
 
 def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
              options: SearchOptions | None = None, dtypes: Mapping[str, Any] | None = None,
              weights: Sequence[float] = FRONTIER_WEIGHTS, **shapes) -> Frontier:
-    """Bytes moved against memory per device: the plans found at each memory weight in
-    ``weights``, partitioned for ``ctx`` (nothing is bound) and measured; the Pareto front."""
+    """Bytes moved against memory per device: the plans keeping converted inputs found at
+    each memory weight in ``weights``, and the re-fetching plan (``options.memory_weight``),
+    partitioned for ``ctx`` (nothing is bound) and measured; the Pareto front."""
     symbol = check_symbol(symbol, "symbol")
     contexts = check_contexts(ctx)
     options = SearchOptions.of(options)
@@ -432,8 +436,9 @@ def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         warnings.simplefilter("ignore", RuntimeWarning)     # fallbacks: reported by partition()
         one = apply_plan(symbol, whole, plan_graph(whole, 1, options=options), contexts[:1])
         ideal = trade_off(one, 0.0, options.optimizer_state).worst / k
-        for weight in weights:
-            tried = dataclasses.replace(options, memory_weight=weight)
+        tries = [(w, False) for w in weights] + [(options.memory_weight, True)]
+        for weight, refetch in tries:
+            tried = dataclasses.replace(options, memory_weight=weight, refetch=refetch)
             ptd = apply_plan(symbol, graph, plan_graph(graph, k, options=tried), contexts)
             points.append(trade_off(ptd, weight, tried.optimizer_state))
     return Frontier(pareto(points), ideal)

@@ -98,7 +98,9 @@ POLICIES = {
 
 
 def baseline_plan(graph: Graph, num_devices: int, policy: str,
-                  options: SearchOptions = SearchOptions()) -> Plan:
+                  options: SearchOptions = SearchOptions(refetch=False)) -> Plan:
+    """The ``policy``'s plan. By default its converted inputs are kept for the backward pass,
+    as these systems do (data parallelism keeps whole weights), not fetched again."""
     if policy not in POLICIES:
         raise InvalidArgumentError(f"unknown baseline {policy!r}; choose one of {sorted(POLICIES)}")
     return plan_graph(graph, num_devices, options=options, choose=POLICIES[policy])

@@ -5,7 +5,9 @@ A tensor is *stored* split along one axis (each part holds ``1/p``), or replicat
 small and the option allows. An operator's strategy says which region of each input each
 part reads (:mod:`tofu_mx.tdl.analysis`); the part fetches what it does not hold. The
 backward pass mirrors each conversion (the gradient of a fetch is a reduction of the same
-bytes; of a reduce-scatter, an all-gather), so a tensor that needs a gradient pays twice.
+bytes; of a reduce-scatter, an all-gather), so a tensor that needs a gradient pays twice. A
+converted input that a gradient reads and that the backward pass fetches again
+(``SearchOptions.refetch``) pays its forward fetch once more.
 
 Closed forms (``S`` the tensor's bytes), each tested:
 
@@ -97,15 +99,17 @@ def replicated_gradient_elements(shape: Sequence[int], needed: Sequence[Box | No
 
 
 def consumer_bytes(layout: tuple, shape: Sequence[int], needed: Sequence[Box | None],
-                   itemsize: int, needs_grad: bool) -> int:
+                   itemsize: int, needs_grad: bool, again: bool = False) -> int:
     """Forward fetch of what a consumer's strategy reads, plus its backward mirror (for a
-    tensor stored whole: the reduction that keeps its replicas' gradients equal)."""
+    tensor stored whole: the reduction that keeps its replicas' gradients equal); ``again``:
+    the backward pass fetches it once more (re-fetched, not kept)."""
     forward = fetch_elements(stored_regions(layout, shape, len(needed)), needed) * itemsize
+    refetched = forward if again else 0
     if not needs_grad:
-        return forward
+        return forward + refetched
     if layout[0] == "replicated":
-        return forward + replicated_gradient_elements(shape, needed) * itemsize
-    return 2 * forward
+        return forward + refetched + replicated_gradient_elements(shape, needed) * itemsize
+    return 2 * forward + refetched
 
 
 def converted_bytes(layout: tuple, shape: Sequence[int], needed: Sequence[Box | None],

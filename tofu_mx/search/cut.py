@@ -163,9 +163,9 @@ class Cut:
 
     def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True,
                  needs_grad: dict | None = None, memory_weight: float = 0.0,
-                 structure: GraphStructure | None = None):
+                 refetch: bool = False, structure: GraphStructure | None = None):
         self.graph, self.view, self.parts = graph, view, parts
-        self.memory_weight = memory_weight
+        self.memory_weight, self.refetch = memory_weight, refetch
         self.structure = structure if structure is not None else \
             GraphStructure.of(graph, needs_grad)
         self.needs_grad = self.structure.needs_grad
@@ -463,9 +463,10 @@ class Cut:
                         continue
                     seen.add((k, tensor, read))
                     src = slot_of[tensor[0]]
-                    kept = bool(self.memory_weight) and \
+                    again = self.refetch and self.structure.refetches(self.graph, copy[p])
+                    kept = bool(self.memory_weight) and not again and \
                         self.structure.keeps_input(self.graph, copy[p], j)
-                    key = (held[tensor], read, facts_of[tensor], kept, src == k)
+                    key = (held[tensor], read, facts_of[tensor], kept, again, src == k)
                     if key not in matrices:
                         matrices[key] = self._edge_matrices(*key)
                     edges.append((src, k) + matrices[key])
@@ -513,24 +514,27 @@ class Cut:
             self._interned.append(value)
         return self._intern_ids[value]
 
-    def _edge_matrices(self, held: int, read: int, facts: int, kept: bool,
+    def _edge_matrices(self, held: int, read: int, facts: int, kept: bool, again: bool,
                        inside: bool) -> tuple[np.ndarray, np.ndarray]:
         """``(bytes moved, weighted cost)`` from the layouts a tensor is held in (``held``, per
         choice of its slot) to what a member reads of it (``read``: per choice, and the
         tensor's shape); ``facts``: its itemsize and gradient; ``kept``: a converted copy
-        lives until the backward pass; ``inside``: both in one group, moving together.
+        lives until the backward pass; ``again``: the backward pass fetches it again (its
+        reader re-fetches, :func:`~tofu_mx.search.structure.refetches_inputs`); ``inside``:
+        both in one group, moving together.
         Computed once per distinct edge; the matrices are shared, read-only."""
         layouts, (regions, shape) = self._interned[held], self._interned[read]
         itemsize, grad = self.structure.facts_of_tensors[facts]
         if inside:
-            cost = np.diag(np.array([_consumer(layouts[c], shape, regions[c], itemsize, grad)
-                                     for c in range(len(regions))], dtype=np.float64))
+            cost = np.diag(np.array([_consumer(layouts[c], shape, regions[c], itemsize, grad,
+                                               again) for c in range(len(regions))],
+                                    dtype=np.float64))
             buf = np.diag(np.array([_buffer(layouts[c], shape, regions[c], itemsize)
                                     if kept else 0 for c in range(len(regions))],
                                    dtype=np.float64))
         else:
-            cost = np.array([[_consumer(a, shape, need, itemsize, grad) for need in regions]
-                             for a in layouts], dtype=np.float64)
+            cost = np.array([[_consumer(a, shape, need, itemsize, grad, again)
+                              for need in regions] for a in layouts], dtype=np.float64)
             buf = np.array([[_buffer(a, shape, need, itemsize) if kept else 0
                              for need in regions] for a in layouts], dtype=np.float64)
         weighted = cost + self.memory_weight * buf if self.memory_weight else cost
@@ -592,8 +596,8 @@ class CutProblem:
 
 
 @functools.lru_cache(maxsize=1 << 18)
-def _consumer(layout, shape, need, itemsize, grad):
-    return consumer_bytes(layout, shape, need, itemsize, grad)
+def _consumer(layout, shape, need, itemsize, grad, again):
+    return consumer_bytes(layout, shape, need, itemsize, grad, again)
 
 
 @functools.lru_cache(maxsize=1 << 18)

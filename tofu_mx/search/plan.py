@@ -49,10 +49,14 @@ class SearchOptions:
     progress: bool | None = None      # tqdm bar: None = on for big graphs when stderr is a tty
     memory_weight: float = 0.0        # cost of a byte of converted input kept for the backward
     #                                   pass, in bytes moved (0: fewest bytes moved, as Tofu)
+    refetch: bool = True              # fetch a gradient's converted inputs again in the
+    #                                   backward pass (re-running their operator) instead of
+    #                                   keeping them: less memory, more bytes and compute
 
     def __post_init__(self):
         set_ = object.__setattr__     # frozen: each field is stored in its checked form
         set_(self, "tie", arguments.flag(self.tie, "SearchOptions.tie"))
+        set_(self, "refetch", arguments.flag(self.refetch, "SearchOptions.refetch"))
         set_(self, "try_factor_orders",
              arguments.flag(self.try_factor_orders, "SearchOptions.try_factor_orders"))
         set_(self, "max_states", arguments.count(self.max_states, "SearchOptions.max_states",
@@ -152,6 +156,8 @@ class Plan:
     opaque: tuple[OpaqueOp, ...]          # operators without a description, or opaque ones
     coarsening: Mapping[str, int] = field(default_factory=dict)
     fingerprint: str = ""                 # graph_fingerprint() of the graph it was made for
+    refetch: bool = False                 # converted inputs a gradient reads are fetched again
+    #                                       in the backward pass, not kept (SearchOptions)
 
     @property
     def total_bytes(self) -> float:
@@ -213,7 +219,9 @@ class Plan:
                 raise InvalidArgumentError(
                     f"the plan's field {key!r} has the wrong structure ({type(e).__name__}: "
                     f"{e}); give the text Plan.to_json() wrote (tofu-mx plan --json)") from e
-        plan = Plan(**fields, fingerprint=d.get("fingerprint", ""))
+        # plans written before re-fetching existed were priced and rewritten without it
+        plan = Plan(**fields, fingerprint=d.get("fingerprint", ""),
+                    refetch=d.get("refetch", False))
         _check_types(plan)
         return plan
 
@@ -236,7 +244,9 @@ class Plan:
                          f"optimizer {format_bytes(m.optimizer)}, "
                          f"activations {format_bytes(m.activations)}, aux {format_bytes(m.aux)}, "
                          f"inputs {format_bytes(m.inputs)}: {format_bytes(m.total)}")
-            lines.append("    (not the converted copies a gradient reads: "
+            lines.append("    (converted inputs a gradient reads: fetched again in the backward "
+                         "pass)" if self.refetch else
+                         "    (not the converted copies a gradient reads: "
                          "PartitionedSymbol.memory_per_device() counts those)")
         lines.append(f"  opaque operators: "
                      f"{', '.join(map(str, self.opaque)) if self.opaque else 'none'}")
@@ -271,6 +281,9 @@ def _check_types(plan: Plan) -> None:
     for o in plan.opaque:
         strings([o.name, o.op, o.reason], "opaque operator's fields")
     strings([plan.fingerprint], "fingerprint")
+    if not isinstance(plan.refetch, bool):
+        raise InvalidArgumentError(f"the plan's refetch must be true or false, got "
+                                   f"{plan.refetch!r}")
     if plan.num_devices < 1 or any(f < 2 for f in plan.factors) or \
             math.prod(plan.factors) != plan.num_devices:
         raise InvalidArgumentError(f"the plan's cuts {list(plan.factors)} do not multiply to its "
@@ -404,7 +417,7 @@ def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
     """One cut's search. ``choose(cut, cut_problem) -> Solution`` replaces the DP (the
     baselines, tests that force a strategy)."""
     cut = Cut(graph, view, parts, tie=options.tie, memory_weight=options.memory_weight,
-              structure=structure)
+              refetch=options.refetch, structure=structure)
     problem = cut.problem()
     progress = _progress_bar(len(problem.problem.names), options, f"{parts}-way cut")
     try:
@@ -641,7 +654,7 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
                       "tied": len(cut.groups)}
     return Plan(num_devices, tuple(order), levels, tensors, _op_plans(graph, results),
                 _memory(graph, tensors, shared.kept, options, num_devices), shared.opaque,
-                coarsening, shared.fingerprint)
+                coarsening, shared.fingerprint, options.refetch)
 
 
 def _opaque_ops(graph: Graph) -> tuple[OpaqueOp, ...]:

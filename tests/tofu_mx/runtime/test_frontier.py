@@ -51,14 +51,35 @@ def test_no_weight_fits():
     assert max(calls) == MAX_WEIGHT and e.value.footprint == 100
 
 
+def test_plans_measured_already_join_the_fitting_and_the_refusal():
+    """The re-fetching plan (``others``) competes on bytes with the keeping plans found."""
+    refetching = TradeOff(0.0, 130, (50, 50), refetch=True), ("re-fetch",)
+    calls = []
+    # a keeping plan fits from weight 5 on (moving 105 or more): the re-fetching one moves more
+    result = fit_budget(fake(lambda w: 100 if w < 5 else 50, calls), [60, 60], 0.0,
+                        [refetching])
+    assert result[0] == "plan" and 5 <= result[1] < 16
+    # it moves fewer than the keeping plans that fit
+    cheap = TradeOff(0.0, 101, (50, 50), refetch=True), ("re-fetch",)
+    assert fit_budget(fake(lambda w: 100 if w < 5 else 50, []), [60, 60], 0.0,
+                      [cheap]) == ("re-fetch",)
+    # nothing fits: the refusal reports the smallest footprint, the re-fetching plan's
+    small = TradeOff(0.0, 130, (70, 70), refetch=True), ("re-fetch",)
+    with pytest.raises(NoFeasiblePlanError, match="re-fetching.*needs 70 B") as e:
+        fit_budget(fake(lambda w: 100, []), [60, 60], 0.0, [small])
+    assert e.value.footprint == 70
+
+
 def test_frontier_of_a_wresnet():
     sym = models.wresnet(14, 1, 10)
     shapes = models.input_shapes("wresnet", 8, image_size=32)
     front = tofu_mx.frontier(sym, [mx.cpu(i) for i in range(4)], weights=(0, 1, 16), **shapes)
-    assert 1 <= len(front.points) <= 3
+    assert 1 <= len(front.points) <= 4
+    # fetching the converted inputs again holds least
+    assert min(front.points, key=lambda p: p.worst).refetch
     moved = [p.bytes_moved for p in front.points]
     worst = [p.worst for p in front.points]
     assert moved == sorted(moved) and worst == sorted(worst, reverse=True)
     assert front.points[0].worst < 1.3 * front.ideal
     text = front.report()
-    assert "Pareto front" in text and "/ ideal" in text
+    assert "Pareto front" in text and "/ ideal" in text and "re-fetch" in text

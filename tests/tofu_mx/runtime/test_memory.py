@@ -1,5 +1,7 @@
 """Memory: plans that trade bytes moved for memory (SearchOptions.memory_weight), proven
 equivalent like every plan, and partition()'s memory budget."""
+import re
+
 import mxnet as mx
 import pytest
 
@@ -10,7 +12,8 @@ from tofu_mx import models
 from tofu_mx.search.cost import converted_bytes
 from tofu_mx.search.plan import SearchOptions
 
-WEIGHTED = SearchOptions(memory_weight=16.0)
+KEEP = SearchOptions(refetch=False)
+WEIGHTED = SearchOptions(memory_weight=16.0, refetch=False)
 
 
 def test_converted_bytes():
@@ -48,34 +51,72 @@ def _wresnet():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_memory_weight_buys_memory_with_bytes():
+def test_memory_weight_and_refetching_buy_memory_with_bytes():
     sym, shapes = _wresnet()
     ctx = [mx.cpu(i) for i in range(4)]
     ideal = tofu_mx.partition(sym, [mx.cpu(0)], **shapes).memory_per_device()[0].total / 4
-    fewest = tofu_mx.partition(sym, ctx, **shapes)
-    weighted = tofu_mx.partition(sym, ctx, options=WEIGHTED, **shapes)
-    worst = [max(m.total for m in p.memory_per_device()) for p in (fewest, weighted)]
-    # the plan moving the fewest bytes is near 1/k already (BatchNorm split on the batch)
-    assert worst[0] <= 1.15 * ideal
-    assert worst[1] < worst[0]
-    assert weighted.plan.total_bytes > fewest.plan.total_bytes
+    plans = {name: tofu_mx.partition(sym, ctx, options=options, **shapes) for name, options in
+             [("fewest", KEEP), ("weighted", WEIGHTED), ("refetch", None)]}
+    worst = {name: max(m.total for m in p.memory_per_device()) for name, p in plans.items()}
+    moved = {name: p.plan.total_bytes for name, p in plans.items()}
+    # keeping converted inputs: the memory weight trades bytes for memory
+    assert worst["weighted"] < worst["fewest"]
+    assert moved["weighted"] > moved["fewest"]
     # the plan reports bytes moved, not the weighted objective (which counts each kept
     # converted byte 16 times over)
-    assert weighted.plan.total_bytes < 4 * fewest.plan.total_bytes
+    assert moved["weighted"] < 4 * moved["fewest"]
+    # the default fetches them again in the backward pass: near 1/k, for more bytes
+    assert plans["refetch"].plan.refetch and not plans["fewest"].plan.refetch
+    assert worst["refetch"] <= 1.15 * ideal
+    assert worst["refetch"] < worst["fewest"]
+    assert moved["refetch"] > moved["fewest"]
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_memory_budget_is_met_or_refused():
     sym, shapes = _wresnet()
     ctx = [mx.cpu(i) for i in range(4)]
-    fewest = tofu_mx.partition(sym, ctx, **shapes)
-    worst = max(m.total for m in fewest.memory_per_device())
-    budget = int(0.95 * worst)   # the default plan is near 1/k: a little less is left to buy
+    keeping = tofu_mx.partition(sym, ctx, options=KEEP, **shapes)
+    refetching = tofu_mx.partition(sym, ctx, **shapes)
+    worst = max(m.total for m in keeping.memory_per_device())
+    least = max(m.total for m in refetching.memory_per_device())
+    budget = int(0.95 * worst)   # between the two
+    assert least < budget
     fitted = tofu_mx.partition(sym, ctx, memory_budget=budget, **shapes)
     assert max(m.total for m in fitted.memory_per_device()) <= budget
+    # the fewest bytes that fit: the re-fetching plan, or a keeping one moving fewer
+    assert fitted.plan.total_bytes <= refetching.plan.total_bytes
+    # without re-fetching, the memory weight is searched instead
+    kept = tofu_mx.partition(sym, ctx, memory_budget=budget, options=KEEP, **shapes)
+    assert not kept.plan.refetch
+    assert max(m.total for m in kept.memory_per_device()) <= budget
+    assert kept.plan.total_bytes > keeping.plan.total_bytes
     with pytest.raises(tofu_mx.NoFeasiblePlanError, match="budget") as e:
-        tofu_mx.partition(sym, ctx, memory_budget=int(0.5 * worst), **shapes)
-    assert e.value.footprint > int(0.5 * worst)
+        tofu_mx.partition(sym, ctx, memory_budget=int(0.5 * least), **shapes)
+    assert e.value.footprint > int(0.5 * least)
     with pytest.raises(tofu_mx.InvalidArgumentError, match="memory_budget"):
         tofu_mx.partition(sym, ctx, memory_budget=[1e9, 1e9], **shapes)
 
+
+def _planned_mb(ptd) -> int:
+    """What MXNet's memory planner allocates for the executor's activations and temporaries,
+    over every context (``Executor.debug_str``)."""
+    exe = ptd.simple_bind(grad_req="write")
+    return sum(int(mb) for mb in re.findall(r"Total (\d+) MB allocated", exe.debug_str()))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_refetching_frees_the_converted_inputs_in_mxnet_itself():
+    """Not only the count: MXNet's own planner allocates less when the gathered inputs are
+    fetched again (its gradient pass reads the marked nodes' copies), and the re-run
+    shares give the same outputs and gradients (the equivalence tests, run by default)."""
+    sym, shapes = _wresnet()
+    ctx = [mx.cpu(i) for i in range(2)]
+    keeping = tofu_mx.partition(sym, ctx, options=KEEP, **shapes)
+    refetching = tofu_mx.partition(sym, ctx, **shapes)
+    assert "__force_mirroring__" in refetching.symbol.tojson()
+    assert "__force_mirroring__" not in keeping.symbol.tojson()
+    kept = [max(m.activations for m in p.memory_per_device()) for p in (keeping, refetching)]
+    planned = [_planned_mb(p) for p in (keeping, refetching)]
+    assert kept[1] < 0.8 * kept[0]
+    assert planned[1] < 0.9 * planned[0]

@@ -111,7 +111,7 @@ def test_cross_device_reads_copy_only_where_gradients_need_it(k):
     through a ``_copy`` on their own device, so their gradient sums are made there."""
     sym = models.rnn(1, 16, 3, 20)
     shapes = models.input_shapes("rnn", 4, seq_len=3)
-    ptd, report = partition_and_verify(sym, k, dtypes={}, **shapes)
+    ptd, report = partition_and_verify(sym, k, dtypes={}, options={"refetch": False}, **shapes)
     assert report.ok
     nodes = json.loads(ptd.symbol.tojson())["nodes"]
     group = [n.get("attrs", {}).get("__ctx_group__") for n in nodes]
@@ -125,6 +125,39 @@ def test_cross_device_reads_copy_only_where_gradients_need_it(k):
                 assert nodes[src]["op"] not in pass_through, (nodes[src]["name"], n["name"])
                 direct += 1
     assert direct > 0 and ptd.node_counts.get("send", 0) < direct
+
+
+def _marked(node) -> bool:
+    return node.get("attrs", {}).get("__force_mirroring__") == "True"
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_refetched_inputs_cross_through_their_own_marked_copies(k):
+    """Re-fetching: a marked node (built again in the backward pass) reads a piece from
+    another device only through a marked ``_copy`` there, never the tensor itself, whose
+    cross-device copy MXNet would share with the forward pass (and hold); each re-run share
+    hands its readers an unmarked ``_copy`` of its output."""
+    sym = models.rnn(1, 16, 3, 20)
+    shapes = models.input_shapes("rnn", 4, seq_len=3)
+    ptd, report = partition_and_verify(sym, k, dtypes={}, **shapes)
+    assert report.ok and ptd.plan.refetch
+    nodes = json.loads(ptd.symbol.tojson())["nodes"]
+    group = [n.get("attrs", {}).get("__ctx_group__") for n in nodes]
+    marked = [_marked(n) for n in nodes]
+    assert sum(marked) > 0
+    crossing = 0
+    for i, n in enumerate(nodes):
+        for src, _, _ in n["inputs"]:
+            if marked[i] and group[src] != group[i]:
+                assert marked[src] and nodes[src]["op"] == "_copy", (nodes[src]["name"], n["name"])
+                crossing += 1
+    assert crossing > 0
+    reran = [i for i, n in enumerate(nodes) if marked[i] and n["op"] not in
+             ("_copy", "SliceChannel", "_split_v2", "stack", "Reshape", "Concat", "_full")]
+    assert reran
+    for i in reran:    # readers of a re-run share read it through marked, then unmarked _copy
+        readers = [n for n in nodes if any(src == i for src, _, _ in n["inputs"])]
+        assert readers and all(r["op"] == "_copy" and _marked(r) for r in readers)
 
 
 @pytest.mark.parametrize("ordered", [False, True])

@@ -37,18 +37,23 @@ def mlp_param_bytes(inputs=32, hidden=(16, 16), classes=8):
     return 4 * sizes
 
 
+@pytest.mark.parametrize("refetch", [False, True])
 @pytest.mark.parametrize("k", [2, 3, 4, 6, 8])
-def test_data_parallel_mlp_costs_exactly_its_gradient_all_reduce(k):
+def test_data_parallel_mlp_costs_exactly_its_gradient_all_reduce(k, refetch):
     """A wide batch and small weights: the best plan is data parallelism, which moves exactly
     what a ring all-reduce of the parameter gradients moves, 2 (k - 1) x parameter bytes
-    (as an all-gather of each weight forward and a reduce-scatter of its gradient)."""
-    p = plan(mlp(), k, data=(BATCH, 32), softmax_label=(BATCH,))
-    assert p.total_bytes == 2 * (k - 1) * mlp_param_bytes()
+    (as an all-gather of each weight forward and a reduce-scatter of its gradient). Fetching
+    the weights again for the backward pass, not keeping them, adds one more all-gather:
+    3 (k - 1) x parameter bytes (as ZeRO's stage 3)."""
+    p = plan(mlp(), k, data=(BATCH, 32), softmax_label=(BATCH,),
+             options=SearchOptions(refetch=refetch))
+    assert p.refetch == refetch
+    assert p.total_bytes == (3 if refetch else 2) * (k - 1) * mlp_param_bytes()
     assert all(str(t.layouts[0]) == "split(0)" for t in p.tensors if t.kind in ("data", "activation"))
     assert all(s[0].kind == "split" for o in p.ops for s in [o.strategies])
     dp = baseline_plan(import_symbol(mlp(), data=(BATCH, 32), softmax_label=(BATCH,)), k,
                        "data_parallel")
-    assert dp.total_bytes == p.total_bytes
+    assert dp.total_bytes * (1.5 if refetch else 1) == p.total_bytes
 
 
 def test_a_tall_layer_is_partitioned_not_replicated():
@@ -154,6 +159,17 @@ def test_plan_data_is_typed_and_its_json_is_text():
         Plan.from_json(json.dumps(d))
 
 
+def test_plans_say_whether_they_refetch_and_older_plans_do_not():
+    p = plan(mlp(), 2, data=(BATCH, 32), softmax_label=(BATCH,))
+    assert p.refetch and Plan.from_json(p.to_json()) == p
+    d = json.loads(p.to_json())
+    del d["refetch"]    # written before re-fetching existed: made and priced without it
+    assert not Plan.from_json(json.dumps(d)).refetch
+    d["refetch"] = "yes"
+    with pytest.raises(InvalidArgumentError, match="refetch"):
+        Plan.from_json(json.dumps(d))
+
+
 def test_opaque_operators_read_from_older_plans():
     """Plans written before opaque operators were typed held ``"name (op): reason"``."""
     from tests.tofu_mx.runtime.custom_ops import cube
@@ -228,9 +244,11 @@ def test_search_is_optimal_and_beats_the_baselines(name, sym, shapes):
     problem = cut.problem().problem
     ilp, _, status = solve_ilp(problem, time_limit=60)
     assert status == "Optimal" and solve_dp(problem).cost == pytest.approx(ilp.cost)
-    best = plan_graph(graph, 2).total_bytes
-    for policy in POLICIES:
-        assert best <= baseline_plan(graph, 2, policy).total_bytes + 1e-6, policy
+    for refetch in (False, True):
+        options = SearchOptions(refetch=refetch)
+        best = plan_graph(graph, 2, options=options).total_bytes
+        for policy in POLICIES:
+            assert best <= baseline_plan(graph, 2, policy, options).total_bytes + 1e-6, policy
 
 
 def test_a_weight_shared_by_tied_steps_is_fetched_once():
@@ -264,4 +282,9 @@ def test_every_zoo_net_plans_at_2_3_and_4_devices(name):
         for t in p.tensors:
             assert all(s >= 1 for s in t.shard), t
         assert Plan.from_json(p.to_json()) == p
-    assert plan_graph(graph, 2).total_bytes <= baseline_plan(graph, 2, "data_parallel").total_bytes
+    # no more than data parallelism holding as much: keeping its gathered weights (classic
+    # data parallelism), or fetching them again for the backward pass (as ZeRO's stage 3)
+    for refetch in (False, True):
+        options = SearchOptions(refetch=refetch)
+        assert plan_graph(graph, 2, options=options).total_bytes <= \
+            baseline_plan(graph, 2, "data_parallel", options).total_bytes
