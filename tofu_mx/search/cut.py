@@ -630,7 +630,7 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
         shards, op_in[i], op_out[i] = found[key]
         for k, shape in enumerate(shards):
             shard[(i, k)] = shape
-        if s.uneven and s.kind in ("output", "reduce"):
+        if s.uneven:
             short[i] = short.get(i, frozenset()) | {s.var}
     for v in cut.variables:
         shape = list(cut.view.var[v])

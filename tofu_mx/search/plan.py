@@ -49,9 +49,9 @@ class SearchOptions:
     progress: bool | None = None      # tqdm bar: None = on for big graphs when stderr is a tty
     memory_weight: float = 0.0        # cost of a byte of converted input kept for the backward
     #                                   pass, in bytes moved (0: fewest bytes moved, as Tofu)
-    refetch: bool = True              # fetch a gradient's converted inputs again in the
-    #                                   backward pass (re-running their operator) instead of
-    #                                   keeping them: less memory, more bytes and compute
+    refetch: bool = True              # fetch converted inputs again for the backward pass
+    #                                   (re-running their operator) instead of keeping them:
+    #                                   less memory, more bytes moved and compute
 
     def __post_init__(self):
         set_ = object.__setattr__     # frozen: each field is stored in its checked form

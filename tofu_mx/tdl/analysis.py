@@ -221,7 +221,7 @@ def classify(regions: Sequence[Region], shape: Sequence[int]) -> Layout:
     if len(cut) > 1 or shape[cut[0]] < parts:
         return Layout("irregular")
     axis, n = cut[0], shape[cut[0]]
-    bounds = [_part(n, parts, p) for p in range(parts)]
+    bounds = [part_interval(n, parts, p) for p in range(parts)]
     lo_ext = max(max(b[0] - r[axis][0], 0) for b, r in zip(bounds, regions))
     hi_ext = max(max(r[axis][1] - b[1], 0) for b, r in zip(bounds, regions))
     if max(lo_ext, hi_ext) >= n // parts:
@@ -268,8 +268,6 @@ def part_interval(n: int, parts: int, p: int) -> Interval:
     return p * n // parts, (p + 1) * n // parts - 1
 
 
-_part = part_interval
-
 
 def _output_strategy(traced: Traced, var: str, parts: int) -> Strategy:
     n = traced.extents[var]
@@ -280,8 +278,8 @@ def _output_strategy(traced: Traced, var: str, parts: int) -> Strategy:
         for k, out in enumerate(traced.outputs):
             env = {v.name: (0, s - 1) for v, s in zip(out.vars, out.shape)}
             if var in env:
-                env[var] = _part(n, parts, p)
-            _collect(out.expr, env, {var: _part(n, parts, p)}, traced.extents, regions)
+                env[var] = part_interval(n, parts, p)
+            _collect(out.expr, env, {var: part_interval(n, parts, p)}, traced.extents, regions)
             per_output[k].append(tuple(env[v.name] for v in out.vars))
         for i, r in enumerate(regions.result()):
             per_input[i].append(r)
@@ -293,7 +291,7 @@ def _reduce_strategy(traced: Traced, var: str, parts: int, combine: str) -> Stra
     per_input: list[list[Region]] = [[] for _ in traced.inputs]
     for p in range(parts):
         regions = _Regions(len(traced.inputs))
-        split = {var: _part(n, parts, p)}
+        split = {var: part_interval(n, parts, p)}
         for out in traced.outputs:
             env = {v.name: (0, s - 1) for v, s in zip(out.vars, out.shape)}
             if p == 0 or combine != "sum":
@@ -434,7 +432,7 @@ def opaque_strategies(entry: Opaque, input_shapes: Sequence[Sequence[int]],
         whole = tuple((0, n - 1) for n in shape)
         if axis is None:
             return tuple(whole for _ in range(parts))
-        return tuple(whole[:axis] + (_part(shape[axis], parts, p),) + whole[axis + 1:]
+        return tuple(whole[:axis] + (part_interval(shape[axis], parts, p),) + whole[axis + 1:]
                      for p in range(parts))
 
     ins = tuple(regions(s, a) for s, a in zip(input_shapes, in_axes))

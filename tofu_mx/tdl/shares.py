@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import mxnet as mx
 
 from nnvm_passes.ir import FrozenDict, format_attr_value
-from tofu_mx.tdl.analysis import Strategy, Work, _part, work_regions
+from tofu_mx.tdl.analysis import Strategy, Work, part_interval, work_regions
 from tofu_mx.tdl.lang import TDLError
 from tofu_mx.tdl.registry import (Attrs, Description, Shard, ShardContext, Traced,
                                   single_op_symbol)
@@ -88,7 +88,7 @@ def runs_as_operator(entry: Description, op: str, attrs: FrozenDict, traced: Tra
     taken as yes: assign checks the composed share again and runs the operator whole if it
     cannot run."""
     for p in range(strategy.parts):
-        ranges = {strategy.var: _part(traced.extents[strategy.var], strategy.parts, p)}
+        ranges = {strategy.var: part_interval(traced.extents[strategy.var], strategy.parts, p)}
         reduced = [strategy.var] if strategy.kind == "reduce" else []
         try:
             work = work_regions(traced, ranges, reduced, reduced if p else [])
