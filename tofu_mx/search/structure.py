@@ -128,10 +128,7 @@ def refetches_inputs(graph: Graph, i: int, needs_grad: Mapping[tuple[int, int], 
     values: a described operator, not random, declaring ``recompute`` (OpFacts), with no
     auxiliary state (which a second run would update twice)."""
     node = graph.nodes[i]
-    if node.is_variable or lookup(node.op, node.params) is None:
-        return False
-    found = facts(node.op, Attrs(node.attrs))
-    if not found.recompute or found.random or not found.gradient:
+    if node.is_variable or not _may_run_again(node.op, node.attrs, generation()):
         return False
     if any(graph.nodes[e.node].is_variable and graph.nodes[e.node].kind == "aux"
            for e in node.inputs):
@@ -139,6 +136,15 @@ def refetches_inputs(graph: Graph, i: int, needs_grad: Mapping[tuple[int, int], 
     if not any(needs_grad[(i, k)] for k in range(len(node.outputs))):
         return False
     return bool(backward_reads(node, graph)[0])
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _may_run_again(op: str, attrs: FrozenDict, _generation: int) -> bool:
+    """A described operator whose facts let it run again (cached per registry generation)."""
+    if lookup(op, Attrs(attrs)) is None:
+        return False
+    found = facts(op, Attrs(attrs))
+    return found.recompute and not found.random and found.gradient
 
 
 @functools.lru_cache(maxsize=1 << 12)
