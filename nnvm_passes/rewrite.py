@@ -219,20 +219,22 @@ class _Rewrite:
         self.origin[nid] = i
         outs = [(nid, j) for j in range(len(node.outputs))]
         if rerun:
-            # each output goes through a marked _copy, so that the share's run in the
-            # backward pass has its outputs read (kernels such as Convolution refuse to run
-            # with nothing to write), then an unmarked one, which every reader reads: the
-            # backward pass's copies of readers that run again read what the forward pass
-            # kept there, not the share run again. Both may run in place (MXNet's planner).
-            outs = [(self.add("_copy", f"{node.name}{self.suffix(d)}@held{j}", {}, [(self.add(
-                "_copy", f"{node.name}{self.suffix(d)}@rerun{j}", {}, [o], d, "rerun",
-                again=True), 0)], d, "rerun"), 0) for j, o in enumerate(outs)]
+            outs = [self.held(o, f"{node.name}{self.suffix(d)}", j, d) for j, o in enumerate(outs)]
         if share.scale is not None and share.scale != 1.0:
             outs = [(self.add("_mul_scalar", f"{node.name}{self.suffix(d)}@scale",
                               {"scalar": repr(float(share.scale))}, [o], d, "scale"), 0)
                     if box is not None else o for o, box in zip(outs, share.outputs)]
         self.memo[key] = outs
         return outs
+
+    def held(self, out: Sym, base: str, j: int, d: int) -> Sym:
+        """Output ``j`` of a share run again in the backward pass, as its readers read it:
+        through a marked ``_copy``, so that the backward pass's run has its output read
+        (kernels such as Convolution refuse to run with nothing to write), then an unmarked
+        one, so that readers run again themselves read what the forward pass kept there, not
+        the share run once more. Both may run in place (MXNet's planner)."""
+        marked = self.add("_copy", f"{base}@rerun{j}", {}, [out], d, "rerun", again=True)
+        return self.add("_copy", f"{base}@held{j}", {}, [(marked, 0)], d, "rerun"), 0
 
     def computed(self, t: tuple[int, int], d: int):
         """Distinct boxes computed of ``t``, each with the devices whose shares make it (the
