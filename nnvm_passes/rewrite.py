@@ -192,26 +192,28 @@ class _Rewrite:
         key = ("op", i, d)
         if key in self.memo:
             return self.memo[key]
-        node, share, again = self.g.nodes[i], self.a.ops[i].shares[d], self.a.ops[i].refetch
+        node, share = self.g.nodes[i], self.a.ops[i].shares[d]
+        refetch, kept = self.a.ops[i].refetch, self.a.ops[i].kept
         if share.views is not None:       # no operator: each output is a region of input 0
             entry = node.inputs[0]
             outs = [self.region((entry.node, entry.index), box, d, share.pads[0])
                     for box in share.views]
             self.memo[key] = outs
             return outs
-        inputs = []
+        inputs, first = [], None
         for j, (entry, box) in enumerate(zip(node.inputs, share.inputs)):
             if box is None:
                 continue
+            first = j if first is None else first
             src = self.g.nodes[entry.node]
             if src.is_variable and src.kind == "aux":
                 inputs.append(self.variable(entry.node, box, d))
             else:
                 inputs.append(self.region((entry.node, entry.index), box, d, share.pads[j],
-                                          again))
+                                          refetch and j not in kept))
         tagged = not self.a.ops[i].placed_by_input
         if not tagged and inputs:    # MXNet places it with its first input: that must be on d
-            inputs[0] = self.on_device(inputs[0], d, again)
+            inputs[0] = self.on_device(inputs[0], d, refetch and first not in kept)
         # run again in the backward pass only where that re-fetches a converted input
         rerun = any(n in self.again and n not in self.origin for n, _ in inputs)
         nid = self.add(node.op, node.name + self.suffix(d), share.attrs, inputs, d, "operator",

@@ -19,8 +19,9 @@ has no description) runs once, on device 0 (part 0 of every cut), and the other 
 no share of it: also reported as a fallback.
 
 With :attr:`Plan.refetch`, an operator whose gradient reads its inputs and that may run
-again (:func:`~tofu_mx.search.structure.refetches_inputs`) is marked ``refetch``: the rewrite
-builds its converted inputs so that the backward pass fetches them again.
+again (:func:`~tofu_mx.search.structure.refetches_inputs`) is marked ``refetch``: the
+rewrite builds its converted inputs, but those the plan keeps (:attr:`Plan.kept`), so that
+the backward pass fetches them again.
 """
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ class OpAssignment:
     loss: bool = False                   # its gradient ignores the head's: one share per box
     placed_by_input: bool = False        # emitted without __ctx_group__ (see OpFacts)
     refetch: bool = False                # its converted inputs are fetched again, and it runs
-    #                                      again, in the backward pass (Plan.refetch)
+    #                                      again, in the backward pass (Plan.refetch) ...
+    kept: frozenset[int] = frozenset()   # ... but for these inputs', kept (Plan.kept)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,9 @@ def assign(graph: Graph, plan: Plan) -> Assignment:
     strategies = {o.name: o.strategies for o in plan.ops}
     consumers = graph.consumers()
     grads = needs_grad_of(graph) if plan.refetch else {}
+    kept: dict[str, set[int]] = {}
+    for name, j in plan.kept:
+        kept.setdefault(name, set()).add(j)
     ops: dict[int, OpAssignment] = {}
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
@@ -141,7 +146,8 @@ def assign(graph: Graph, plan: Plan) -> Assignment:
             op = _assign_op(graph, i, strategies[node.name], plan.factors, parts, read)
             ops[i] = dataclasses.replace(
                 op, placed_by_input=not facts(node.op).group_attr,
-                refetch=plan.refetch and refetches_inputs(graph, i, grads))
+                refetch=plan.refetch and refetches_inputs(graph, i, grads),
+                kept=frozenset(kept.get(node.name, ())))
         except TofuError:
             raise
         except Exception as e:  # noqa: BLE001  (re-raised with the node named)

@@ -41,10 +41,18 @@ class TradeOff:
     memory: tuple[int, ...]          # bytes per device, optimizer state included
     detail: tuple = ()               # per device, what the bytes are (DeviceMemory rows)
     refetch: bool = False            # converted inputs fetched again in the backward pass
+    keep_share: float = 0.0          # ... but for those kept within this share of memory
 
     @property
     def worst(self) -> int:
         return max(self.memory)
+
+    @property
+    def backward(self) -> str:
+        """What the backward pass does with converted inputs, for display."""
+        if not self.refetch:
+            return "keep"
+        return f"re-fetch, keep {self.keep_share:.0%}" if self.keep_share else "re-fetch all"
 
 
 @dataclass(frozen=True)
@@ -56,11 +64,10 @@ class Frontier:
 
     def report(self) -> str:
         lines = ["bytes moved against memory per device (Pareto front of the plans found):",
-                 f"  {'backward':>9}  {'memory weight':>13}  {'bytes moved':>12}  "
+                 f"  {'backward':>17}  {'memory weight':>13}  {'bytes moved':>12}  "
                  f"{'worst device':>12}  {'/ ideal':>7}"]
         for p in self.points:
-            how = "re-fetch" if p.refetch else "keep"
-            lines.append(f"  {how:>9}  {p.memory_weight:>13g}  {format_bytes(p.bytes_moved):>12}"
+            lines.append(f"  {p.backward:>17}  {p.memory_weight:>13g}  {format_bytes(p.bytes_moved):>12}"
                          f"  {format_bytes(p.worst):>12}  {p.worst / self.ideal:>7.3f}")
         lines.append(f"  (ideal: one device's memory / k = {format_bytes(self.ideal)})")
         return "\n".join(lines)
@@ -69,7 +76,8 @@ class Frontier:
 def pareto(points: Sequence[TradeOff]) -> tuple[TradeOff, ...]:
     """The points no other point beats in both bytes and memory, fewest bytes first (ties:
     the smaller weight)."""
-    ordered = sorted(points, key=lambda p: (p.bytes_moved, p.worst, p.refetch, p.memory_weight))
+    ordered = sorted(points, key=lambda p: (p.bytes_moved, p.worst, p.refetch, p.memory_weight,
+                                            -p.keep_share))
     front, least = [], math.inf
     for p in ordered:
         if p.worst < least:
@@ -120,7 +128,7 @@ def fit_budget(measure: Measure, budgets: Sequence[float], start: float = 0.0,
         what = (f" (weights {format_bytes(m.weights)}, gradients {format_bytes(m.gradients)}, "
                 f"optimizer {format_bytes(m.optimizer)}, activations "
                 f"{format_bytes(m.activations)})")
-    how = "re-fetching" if best.refetch else f"memory weight {best.memory_weight:g}"
+    how = best.backward if best.refetch else f"memory weight {best.memory_weight:g}"
     raise NoFeasiblePlanError(
         f"no partition fits: the plan holding least ({how}, "
         f"{format_bytes(best.bytes_moved)} moved per step) needs {format_bytes(best.memory[device])}"
@@ -128,13 +136,14 @@ def fit_budget(measure: Measure, budgets: Sequence[float], start: float = 0.0,
         f"devices, a smaller batch, or a larger budget", best.worst)
 
 
-def trade_off(ptd, weight: float, optimizer_state: float) -> TradeOff:
+def trade_off(ptd, weight: float, optimizer_state: float, keep_share: float = 0.0) -> TradeOff:
     """A partitioned symbol's bytes moved and memory per device (optimizer state as the
-    options expect: that many bytes per weight byte)."""
+    options expect: that many bytes per weight byte); ``keep_share``: its plan's
+    (SearchOptions.keep_share), when it re-fetches."""
     rows = tuple(dataclasses.replace(m, optimizer=int(m.weights * optimizer_state))
                  for m in ptd.memory_per_device())
     return TradeOff(weight, ptd.plan.total_bytes, tuple(m.total for m in rows), rows,
-                    ptd.plan.refetch)
+                    ptd.plan.refetch, keep_share if ptd.plan.refetch else 0.0)
 
 
 __all__ = ["FRONTIER_WEIGHTS", "Frontier", "MAX_WEIGHT", "TradeOff", "fit_budget", "pareto",

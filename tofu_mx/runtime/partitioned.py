@@ -387,7 +387,8 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     Without one, the plan moves the fewest bytes (``options.memory_weight``, 0 by default, as
     Tofu) given ``options.refetch`` (on by default: the converted inputs a gradient reads are
     fetched again in the backward pass, not kept). With one, the plan moving the fewest bytes
-    whose ``memory_per_device()`` fits: the re-fetching plan (when ``options.refetch``), or a
+    whose ``memory_per_device()`` fits: a re-fetching plan (when ``options.refetch``: with
+    ``options.keep_share``, or fetching every converted input again), or a
     keeping plan at a memory weight searched for (:func:`tofu_mx.runtime.frontier.fit_budget`);
     :class:`tofu_mx.NoFeasiblePlanError` if none does.
     An operator with no TDL description runs whole on one device (listed in
@@ -408,21 +409,33 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         return apply_plan(symbol, graph, plan, contexts)
     budgets = budgets_of(memory_budget, k)
 
-    def measure(weight: float, refetch: bool = False):
-        tried = dataclasses.replace(options, memory_weight=weight, refetch=refetch)
+    def measure(weight: float, refetch: bool = False, keep_share: float = 0.0):
+        tried = dataclasses.replace(options, memory_weight=weight, refetch=refetch,
+                                    keep_share=keep_share, balance=0)
         plan = plan_graph(graph, k, options=tried)
         _check_operators(graph, plan, k, strict)
         ptd = apply_plan(symbol, graph, plan, contexts)
-        return trade_off(ptd, weight, tried.optimizer_state), ptd
-    others = [measure(options.memory_weight, True)] if options.refetch else []
+        return trade_off(ptd, weight, tried.optimizer_state, keep_share), ptd
+    others = [measure(options.memory_weight, True, share)
+              for share in _refetch_shares(options)]
     return fit_budget(measure, budgets, options.memory_weight, others)
+
+
+def _refetch_shares(options: SearchOptions) -> list[float]:
+    """The keep shares of the re-fetching plans a budget or a frontier weighs: the options'
+    one, and 0 (every converted input fetched again: the least memory); none without
+    ``options.refetch``."""
+    if not options.refetch:
+        return []
+    return sorted({options.keep_share, 0.0}, reverse=True)
 
 
 def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
              options: SearchOptions | None = None, dtypes: Mapping[str, Any] | None = None,
              weights: Sequence[float] = FRONTIER_WEIGHTS, **shapes) -> Frontier:
     """Bytes moved against memory per device: the plans keeping converted inputs found at
-    each memory weight in ``weights``, and the re-fetching plan (``options.memory_weight``),
+    each memory weight in ``weights``, and the re-fetching plans (``options.memory_weight``;
+    ``options.keep_share`` and 0),
     partitioned for ``ctx`` (nothing is bound) and measured; the Pareto front."""
     symbol = check_symbol(symbol, "symbol")
     contexts = check_contexts(ctx)
@@ -436,11 +449,13 @@ def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         warnings.simplefilter("ignore", RuntimeWarning)     # fallbacks: reported by partition()
         one = apply_plan(symbol, whole, plan_graph(whole, 1, options=options), contexts[:1])
         ideal = trade_off(one, 0.0, options.optimizer_state).worst / k
-        tries = [(w, False) for w in weights] + [(options.memory_weight, True)]
-        for weight, refetch in tries:
-            tried = dataclasses.replace(options, memory_weight=weight, refetch=refetch)
+        tries = [(w, False, 0.0) for w in weights] + \
+            [(options.memory_weight, True, share) for share in _refetch_shares(options)]
+        for weight, refetch, share in tries:
+            tried = dataclasses.replace(options, memory_weight=weight, refetch=refetch,
+                                        keep_share=share, balance=0)
             ptd = apply_plan(symbol, graph, plan_graph(graph, k, options=tried), contexts)
-            points.append(trade_off(ptd, weight, tried.optimizer_state))
+            points.append(trade_off(ptd, weight, tried.optimizer_state, share))
     return Frontier(pareto(points), ideal)
 
 

@@ -39,6 +39,7 @@ of every factor order.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -46,7 +47,8 @@ import numpy as np
 
 from nnvm_passes.ir import Graph
 from tofu_mx.search import ties
-from tofu_mx.search.cost import consumer_bytes, converted_bytes, producer_bytes
+from tofu_mx.search.cost import (consumer_bytes, converted_bytes, intersect,
+                                  producer_bytes, stored_regions, volume)
 from tofu_mx.search.problem import Problem, make_problem
 from tofu_mx.search.structure import GraphStructure, needs_grad_of
 from tofu_mx.tdl.analysis import Layout, Strategy
@@ -183,6 +185,7 @@ class Cut:
             self.var_layouts[v] = by_shape[view.var[v]]
         self._rows: dict[tuple, tuple] = {}
         self._bytes: dict[tuple, int] = {}
+        self._excess: dict[tuple, float] = {}   # with a memory weight: bytes stored above 1/p
         self._choice_sets: dict[int, tuple] = {}
         self._resolutions: dict[tuple, tuple] = {}
         self._interned: list[tuple] = []
@@ -340,6 +343,11 @@ class Cut:
             row = self._resolve_copy(copy, choice)
             self._rows[key] = row
             self._bytes[key] = self._producer_bytes(copy, row)
+            if self.memory_weight:
+                self._excess[key] = sum(
+                    _excess(layout, self.view.op_out[m][j], self.structure.itemsize[(m, j)],
+                            self.parts)
+                    for m, (_, stored) in zip(copy, row) for j, layout in enumerate(stored))
         return self._rows[key]
 
     def _resolve_copy(self, copy: list[int], choice: tuple) -> tuple:
@@ -391,21 +399,26 @@ class Cut:
                                    self.structure.itemsize[(m, j)], self.needs_grad[(m, j)])
         return total
 
-    def _resolution(self, group: Group) -> tuple["Resolution", np.ndarray]:
-        """The group's :class:`Resolution` and the producer cost of each of its choices
-        (computed once per choice set and copy structures; the cost is read-only)."""
+    def _resolution(self, group: Group) -> tuple["Resolution", np.ndarray, np.ndarray]:
+        """The group's :class:`Resolution`, the producer cost of each of its choices and,
+        with a memory weight, that cost plus the weighted bytes its outputs are stored
+        above an even share (computed once per choice set and copy structures; read-only)."""
         keys = tuple(self._copy_keys[copy[0]] for copy in group.copies)
         choices_id = self._shape_id[group.copies[0][0]]
         if (choices_id, keys) not in self._resolutions:
-            rows, unary = [], []
+            rows, unary, excess = [], [], []
             for choice in group.choices:
                 rows.append(tuple(self._row(copy, choice) for copy in group.copies))
                 unary.append(float(sum(self._bytes[(key, choice)] for key in keys)))
+                if self.memory_weight:
+                    excess.append(sum(self._excess[(key, choice)] for key in keys))
             cost = np.array(unary, dtype=np.float64)
-            cost.flags.writeable = False
-            self._resolutions[(choices_id, keys)] = (tuple(rows), cost)
-        rows, cost = self._resolutions[(choices_id, keys)]
-        return Resolution(tuple(map(tuple, group.copies)), rows, keys, choices_id), cost
+            weighted = cost + self.memory_weight * np.array(excess) if excess else cost
+            cost.flags.writeable = weighted.flags.writeable = False
+            self._resolutions[(choices_id, keys)] = (tuple(rows), cost, weighted)
+        rows, cost, weighted = self._resolutions[(choices_id, keys)]
+        return Resolution(tuple(map(tuple, group.copies)), rows, keys, choices_id), cost, \
+            weighted
 
     # --- the problem ------------------------------------------------------------------------
     def problem(self) -> "CutProblem":
@@ -416,43 +429,51 @@ class Cut:
         nodes.sort(key=lambda t: t[0])
         slots = tuple(obj for _, obj in nodes)
         slot_of: dict[int, int] = {}
-        names, choices, unary, resolved = [], [], [], []
-        variable_choices: dict[Shape, tuple] = {}     # shape -> (labels, layouts, zero costs)
+        names, choices, unary, weighted_unary, resolved = [], [], [], [], []
+        variable_choices: dict[tuple, tuple] = {}   # (shape, ...) -> labels, layouts, costs
         for k, obj in enumerate(slots):
             if isinstance(obj, Group):
                 for copy in obj.copies:
                     slot_of.update((m, k) for m in copy)
                 names.append(self.graph.nodes[obj.copies[0][0]].name)
                 choices.append(obj.labels)
-                resolution, cost = self._resolution(obj)
+                resolution, cost, weighted_cost = self._resolution(obj)
                 resolved.append(resolution)
                 unary.append(cost)
+                weighted_unary.append(weighted_cost)
             else:
                 slot_of[obj] = k
                 names.append(self.graph.nodes[obj].name)
-                shape = self.view.var[obj]
-                if shape not in variable_choices:
+                # a parameter's layout holds its gradient too
+                key = (self.view.var[obj], self.structure.itemsize[(obj, 0)],
+                       2 if self.graph.nodes[obj].kind == "param" else 1)
+                if key not in variable_choices:
                     found = self.var_layouts[obj]
-                    variable_choices[shape] = ([layout_name(x) for x in found], tuple(found),
-                                               np.zeros(len(found)))
-                labels, layouts, zeros = variable_choices[shape]
+                    variable_choices[key] = (
+                        [layout_name(x) for x in found], tuple(found), np.zeros(len(found)),
+                        self.memory_weight * key[2] * np.array(
+                            [_excess(x, key[0], key[1], self.parts) for x in found]))
+                labels, layouts, zeros, excess = variable_choices[key]
                 choices.append(labels)
                 resolved.append(layouts)
                 unary.append(zeros)
-        edges = self._edges(slots, slot_of, resolved)
+                weighted_unary.append(excess)
+        edges, refetched = self._edges(slots, slot_of, resolved)
         bytes_problem = make_problem(names, choices, unary, [e[:3] for e in edges])
         weighted = bytes_problem if not self.memory_weight else make_problem(
-            names, choices, unary, [(u, v, w) for u, v, _, w in edges])
-        return CutProblem(weighted, bytes_problem, slots, slot_of, tuple(resolved))
+            names, choices, weighted_unary, [(u, v, w) for u, v, _, w in edges])
+        return CutProblem(weighted, bytes_problem, slots, slot_of, tuple(resolved), refetched)
 
-    def _edges(self, slots: tuple, slot_of: dict[int, int], resolved: list) -> list[tuple]:
+    def _edges(self, slots: tuple, slot_of: dict[int, int],
+               resolved: list) -> tuple[list[tuple], tuple[Refetched, ...]]:
         """``(source slot, slot, bytes moved, weighted cost)`` for each input of each member,
-        each matrix indexed by the source's and this slot's choices. Tied copies (RNN steps)
-        reading the same tensor in the same region share one fetched copy, and sum their
-        gradients before reducing it: one edge."""
+        each matrix indexed by the source's and this slot's choices, and the edges priced
+        with a second fetch for the backward pass (:class:`Refetched`). Tied copies (RNN
+        steps) reading the same tensor in the same region share one fetched copy, and sum
+        their gradients before reducing it: one edge."""
         inputs_of, facts_of = self.structure.inputs, self.structure.tensor_facts
         held, matrices = self._held(slots, resolved), self._matrices
-        edges, seen = [], set()
+        edges, seen, refetched = [], {}, {}
         for k, obj in enumerate(slots):
             if not isinstance(obj, Group):
                 continue
@@ -460,8 +481,10 @@ class Cut:
                 for p, j, read in self._reads(resolved[k], c, copy):
                     tensor = inputs_of[copy[p]][j]
                     if (k, tensor, read) in seen:
+                        if seen[(k, tensor, read)] in refetched:
+                            refetched[seen[(k, tensor, read)]][-1].append((copy[p], j))
                         continue
-                    seen.add((k, tensor, read))
+                    seen[(k, tensor, read)] = len(edges)
                     src = slot_of[tensor[0]]
                     again = self.refetch and self.structure.refetches(self.graph, copy[p])
                     kept = bool(self.memory_weight) and not again and \
@@ -469,8 +492,34 @@ class Cut:
                     key = (held[tensor], read, facts_of[tensor], kept, again, src == k)
                     if key not in matrices:
                         matrices[key] = self._edge_matrices(*key)
+                    if again:
+                        refetched[len(edges)] = (src, k, held[tensor], read, facts_of[tensor],
+                                                 [(copy[p], j)])
                     edges.append((src, k) + matrices[key])
-        return edges
+        return edges, tuple(Refetched(src, k, h, r, f, tuple(readers))
+                            for src, k, h, r, f, readers in refetched.values())
+
+    def kept_copy(self, edge: "Refetched", assignment: Sequence[int]) -> tuple[int, bool]:
+        """What keeping ``edge``'s copy until the backward pass holds on a part under
+        ``assignment``, at most: the largest region a part reads and the pieces it received
+        to join it (a joining operator's gradient may read them); and whether any part reads
+        other than exactly what it stores (a copy: joined, cut or padded, even with nothing
+        moved)."""
+        layouts, (regions, shape) = self._interned[edge.held], self._interned[edge.read]
+        itemsize, _ = self.structure.facts_of_tensors[edge.facts]
+        need = regions[assignment[edge.slot]]
+        held = stored_regions(layouts[assignment[edge.source]], shape, len(need))
+        largest = max((2 * volume(n) - volume(intersect(n, h)) for h, n in zip(held, need)),
+                      default=0) * itemsize
+        return largest, any(n is not None and tuple(n) != tuple(h) for h, n in zip(held, need))
+
+    def second_fetch(self, edge: "Refetched", assignment: Sequence[int]) -> int:
+        """Bytes the backward pass fetches again over ``edge`` under ``assignment`` (what
+        keeping the converted copy instead saves): its forward fetch."""
+        layouts, (regions, shape) = self._interned[edge.held], self._interned[edge.read]
+        itemsize, _ = self.structure.facts_of_tensors[edge.facts]
+        return _consumer(layouts[assignment[edge.source]], shape,
+                         regions[assignment[edge.slot]], itemsize, False, False)
 
     def _held(self, slots: tuple, resolved: list) -> dict[tuple[int, int], int]:
         """Tensor -> id of the layout it is stored in, per choice of its slot."""
@@ -561,6 +610,19 @@ class Resolution:
 
 
 @dataclass(frozen=True)
+class Refetched:
+    """An edge priced with a second fetch for the backward pass: ``readers`` (operator,
+    input) re-run in the backward pass and read the tensor over it."""
+
+    source: int                       # problem node holding the tensor
+    slot: int                         # problem node reading it
+    held: int                         # interned layouts of the tensor, per source choice
+    read: int                         # interned regions read, per reader choice, and shape
+    facts: int                        # the tensor's itemsize and gradient
+    readers: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
 class CutProblem:
     """One cut's search problem, and how to read a solution of it."""
 
@@ -570,6 +632,7 @@ class CutProblem:
     slot_of: Mapping[int, int]        # graph node -> problem node
     resolved: tuple                   # problem node -> a group's Resolution, or a variable's
     #                                   layout per choice
+    refetched: tuple[Refetched, ...] = ()   # edges fetched again for the backward pass
 
     def members(self, assignment: Sequence[int]) -> dict[int, tuple[Strategy, tuple]]:
         """Every operator's strategy and stored output layouts under ``assignment``."""
@@ -598,6 +661,17 @@ class CutProblem:
 @functools.lru_cache(maxsize=1 << 18)
 def _consumer(layout, shape, need, itemsize, grad, again):
     return consumer_bytes(layout, shape, need, itemsize, grad, again)
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _excess(layout: StoreLayout, shape: Shape, itemsize: int, parts: int) -> float:
+    """Bytes a tensor of ``shape`` stored in ``layout`` holds on its largest part above an
+    even share (``1 / parts`` of it): a split's remainder, or a whole copy's rest."""
+    size = float(math.prod(shape)) * itemsize
+    if layout[0] == "replicated":
+        return size - size / parts
+    n = shape[layout[1]]
+    return size * (-(-n // parts)) / n - size / parts
 
 
 @functools.lru_cache(maxsize=1 << 18)

@@ -52,6 +52,12 @@ class SearchOptions:
     refetch: bool = True              # fetch converted inputs again for the backward pass
     #                                   (re-running their operator) instead of keeping them:
     #                                   less memory, more bytes moved and compute
+    keep_share: float = 0.03          # with refetch, still keep the converted inputs that save
+    #                                   the most bytes per byte kept while they add at most
+    #                                   this share of a device's planned memory
+    balance: float = 1.15             # with no memory weight: if the plan holds more than this
+    #                                   times the ideal (1/k of everything) on a device, the
+    #                                   fewest-bytes plan within it at a searched weight (0: off)
 
     def __post_init__(self):
         set_ = object.__setattr__     # frozen: each field is stored in its checked form
@@ -64,6 +70,16 @@ class SearchOptions:
         set_(self, "optimizer_state", arguments.real(
             self.optimizer_state, "SearchOptions.optimizer_state", minimum=0,
             example="optimizer_state=1 for SGD with momentum, 2 for Adam"))
+        set_(self, "balance", arguments.real(
+            self.balance, "SearchOptions.balance", minimum=0,
+            example="balance=1.15, or 0 for the fewest-bytes plan whatever it holds"))
+        if 0 < self.balance < 1:
+            raise InvalidArgumentError(f"SearchOptions.balance must be 0 (off) or at least 1 (a "
+                                       f"multiple of the ideal memory), got {self.balance}; "
+                                       f"e.g. balance=1.15")
+        set_(self, "keep_share", arguments.real(
+            self.keep_share, "SearchOptions.keep_share", minimum=0, maximum=1,
+            example="keep_share=0.03 (small copies kept) or 0 (every one fetched again)"))
         set_(self, "memory_weight", arguments.real(
             self.memory_weight, "SearchOptions.memory_weight", minimum=0,
             example="memory_weight=0 (fewest bytes moved) or 16 (less memory)"))
@@ -158,6 +174,8 @@ class Plan:
     fingerprint: str = ""                 # graph_fingerprint() of the graph it was made for
     refetch: bool = False                 # converted inputs a gradient reads are fetched again
     #                                       in the backward pass, not kept (SearchOptions)
+    kept: tuple[tuple[str, int], ...] = ()   # with refetch, the (operator, input) whose
+    #                                       converted copy is kept nevertheless (keep_share)
 
     @property
     def total_bytes(self) -> float:
@@ -220,8 +238,13 @@ class Plan:
                     f"the plan's field {key!r} has the wrong structure ({type(e).__name__}: "
                     f"{e}); give the text Plan.to_json() wrote (tofu-mx plan --json)") from e
         # plans written before re-fetching existed were priced and rewritten without it
+        kept = d.get("kept", [])
+        if not isinstance(kept, list) or \
+                not all(isinstance(x, list) and len(x) == 2 for x in kept):
+            raise InvalidArgumentError(f"the plan's field 'kept' must be a list of [operator "
+                                       f"name, input index] pairs, got {kept!r}")
         plan = Plan(**fields, fingerprint=d.get("fingerprint", ""),
-                    refetch=d.get("refetch", False))
+                    refetch=d.get("refetch", False), kept=tuple(map(tuple, kept)))
         _check_types(plan)
         return plan
 
@@ -244,8 +267,8 @@ class Plan:
                          f"optimizer {format_bytes(m.optimizer)}, "
                          f"activations {format_bytes(m.activations)}, aux {format_bytes(m.aux)}, "
                          f"inputs {format_bytes(m.inputs)}: {format_bytes(m.total)}")
-            lines.append("    (converted inputs a gradient reads: fetched again in the backward "
-                         "pass)" if self.refetch else
+            lines.append(f"    (converted inputs a gradient reads: fetched again in the backward "
+                         f"pass, but {len(self.kept)} kept)" if self.refetch else
                          "    (not the converted copies a gradient reads: "
                          "PartitionedSymbol.memory_per_device() counts those)")
         lines.append(f"  opaque operators: "
@@ -281,6 +304,8 @@ def _check_types(plan: Plan) -> None:
     for o in plan.opaque:
         strings([o.name, o.op, o.reason], "opaque operator's fields")
     strings([plan.fingerprint], "fingerprint")
+    strings([name for name, _ in plan.kept], "kept inputs' operator names")
+    ints([j for _, j in plan.kept], "kept inputs' indices")
     if not isinstance(plan.refetch, bool):
         raise InvalidArgumentError(f"the plan's refetch must be true or false, got "
                                    f"{plan.refetch!r}")
@@ -359,6 +384,10 @@ def check_plan(plan: Plan, graph: Graph, num_devices: int | None = None) -> None
                 not all(isinstance(s, OpStrategy) for s in o.strategies):
             raise bad(f"operator {o.name!r} has strategies {list(map(str, o.strategies))}: one "
                       f"OpStrategy per cut ({len(plan.factors)})")
+    arity = {n.name: len(n.inputs) for n in graph.operators()}
+    unknown = sorted(x for x in plan.kept if not 0 <= x[1] < arity.get(x[0], 0))
+    if unknown:
+        raise bad(f"it keeps inputs the graph's operators lack: {unknown[:5]}")
     if plan.fingerprint and plan.fingerprint != graph_fingerprint(graph):
         raise bad("it was made for another graph (operator attributes or edges differ) (fingerprint "
                   f"{plan.fingerprint}, this graph's is {graph_fingerprint(graph)})")
@@ -595,6 +624,8 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
                                                      shared.structure), options, shared)
                              for order in orders), key=lambda p: (p.total_bytes, p.factors))
     if memory_budget is None:
+        if choose is None and not options.memory_weight and options.balance:
+            return _balanced(graph, num_devices, candidates[0], options, shared)
         return candidates[0]
     failures = []
     for candidate in candidates:
@@ -604,6 +635,46 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
         except NoFeasiblePlanError as e:
             failures.append(e)
     raise min(failures, key=lambda e: e.footprint)
+
+
+#: the memory weights :func:`_balanced` tries, in order
+BALANCE_WEIGHTS = (1.0, 4.0, 16.0, 64.0, 256.0)
+
+
+def _balanced(graph: Graph, num_devices: int, plan: Plan, options: SearchOptions,
+              shared: "_Shared") -> Plan:
+    """``plan`` if its devices hold at most ``options.balance`` times the ideal (its memory
+    estimate against 1/k of everything it counts), else the first plan within that found
+    at the weights :data:`BALANCE_WEIGHTS` (which price the bytes a device stores above an
+    even share: a split's remainder, a whole copy), or ``plan`` if none is."""
+    ideal = ideal_memory(graph, shared.kept, options, num_devices)
+    if plan.memory[0].total <= options.balance * ideal:
+        return plan
+    orders = factor_orders(num_devices, options.try_factor_orders)
+    for weight in BALANCE_WEIGHTS:
+        tried = dataclasses.replace(options, memory_weight=weight)
+        with _collector_paused():
+            found = min((_assemble(graph, num_devices, order,
+                                   search_levels(graph, order, tried, None, shared.structure),
+                                   tried, shared) for order in orders),
+                        key=lambda p: (p.total_bytes, p.factors))
+        if found.memory[0].total <= options.balance * ideal:
+            return found
+    return plan
+
+
+def ideal_memory(graph: Graph, kept: Mapping, options: SearchOptions, k: int) -> float:
+    """1/k of the bytes :attr:`Plan.memory` counts on a device, what an even split of
+    everything would hold (``kept``: :func:`~nnvm_passes.backward.kept_for_backward`)."""
+    total = 0
+    for i, node in enumerate(graph.nodes):
+        for j, t in enumerate(node.outputs):
+            b = math.prod(t.shape) * itemsize_of(t.dtype)
+            if node.is_variable:
+                total += b * (2 + options.optimizer_state) if node.kind == "param" else b
+            elif kept[(i, j)]:
+                total += b
+    return total / k
 
 
 @contextlib.contextmanager
@@ -652,9 +723,64 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
         cut = results[0].cut
         coarsening = {"operators": len(cut.ops), "groups": sum(len(g.copies) for g in cut.groups),
                       "tied": len(cut.groups)}
-    return Plan(num_devices, tuple(order), levels, tensors, _op_plans(graph, results),
-                _memory(graph, tensors, shared.kept, options, num_devices), shared.opaque,
-                coarsening, shared.fingerprint, options.refetch)
+    memory = _memory(graph, tensors, shared.kept, options, num_devices)
+    kept, saved = _keep_small(graph, results, options.keep_share * memory[0].total
+                              if options.refetch else 0)
+    levels = tuple(dataclasses.replace(lv, bytes_per_group=lv.bytes_per_group - s)
+                   for lv, s in zip(levels, saved))
+    return Plan(num_devices, tuple(order), levels, tensors, _op_plans(graph, results), memory,
+                shared.opaque, coarsening, shared.fingerprint, options.refetch, kept)
+
+
+def _keep_small(graph: Graph, results: list[_LevelResult],
+                budget: float) -> tuple[tuple[tuple[str, int], ...], list[float]]:
+    """Which converted inputs (operator name, input index) of re-running operators are kept
+    after all, and the bytes per group that saves at each level: those whose second fetch
+    saves the most bytes per byte kept, while the copies kept (each the largest region a
+    device reads, with the pieces it joins, counted where the last cut converts it or an
+    earlier one moved it) add at most ``budget`` bytes. The readers of one fetched copy
+    decide together (one fetch serves them)."""
+    if budget <= 0 or not results:
+        return (), [0.0] * len(results)
+    parent: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def root(x: tuple[int, int]) -> tuple[int, int]:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+    saved: dict[tuple[int, int], list[float]] = {}
+    moved: set[tuple[int, int]] = set()       # readers fetched for over some cut
+    for level, r in enumerate(results):
+        for edge in r.problem.refetched:
+            first = root(edge.readers[0])
+            for reader in edge.readers[1:]:
+                parent[root(reader)] = first
+            b = r.cut.second_fetch(edge, r.solution.assignment)
+            if b:
+                moved.update(edge.readers)
+                saved.setdefault(edge.readers[0], [0.0] * len(results))[level] += b
+    by_class: dict[tuple[int, int], list[float]] = {}
+    for reader, per_level in saved.items():
+        total = by_class.setdefault(root(reader), [0.0] * len(results))
+        by_class[root(reader)] = [t + s for t, s in zip(total, per_level)]
+    size: dict[tuple[int, int], float] = {}
+    last = results[-1]
+    for edge in last.problem.refetched:
+        largest, converted = last.cut.kept_copy(edge, last.solution.assignment)
+        if converted or moved.intersection(edge.readers):
+            # held even where no gradient reads it: a re-running share reads all its inputs
+            c = root(edge.readers[0])
+            size[c] = size.get(c, 0.0) + largest
+    members: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for reader in list(parent):
+        members.setdefault(root(reader), []).append(reader)
+    kept, used, total = [], 0.0, [0.0] * len(results)
+    for c in sorted(by_class, key=lambda c: (size.get(c, 0.0) / sum(by_class[c]), c)):
+        if used + size.get(c, 0.0) <= budget:
+            used += size.get(c, 0.0)
+            kept += members[c]
+            total = [t + s for t, s in zip(total, by_class[c])]
+    return tuple(sorted((graph.nodes[m].name, j) for m, j in kept)), total
 
 
 def _opaque_ops(graph: Graph) -> tuple[OpaqueOp, ...]:

@@ -6,7 +6,7 @@ import mxnet as mx
 import pytest
 
 import tofu_mx
-from tests.tofu_mx.runtime.helpers import partition_and_verify
+from tests.tofu_mx.runtime.helpers import float64, partition_and_verify
 from tests.tofu_mx.runtime.test_partition_models import BUILDERS, zoo_symbol
 from tofu_mx import models
 from tofu_mx.search.cost import converted_bytes
@@ -14,6 +14,7 @@ from tofu_mx.search.plan import SearchOptions
 
 KEEP = SearchOptions(refetch=False)
 WEIGHTED = SearchOptions(memory_weight=16.0, refetch=False)
+REFETCH_ALL = SearchOptions(keep_share=0)   # no converted copy kept, however small
 
 
 def test_converted_bytes():
@@ -113,10 +114,50 @@ def test_refetching_frees_the_converted_inputs_in_mxnet_itself():
     sym, shapes = _wresnet()
     ctx = [mx.cpu(i) for i in range(2)]
     keeping = tofu_mx.partition(sym, ctx, options=KEEP, **shapes)
-    refetching = tofu_mx.partition(sym, ctx, **shapes)
+    refetching = tofu_mx.partition(sym, ctx, options=REFETCH_ALL, **shapes)
     assert "__force_mirroring__" in refetching.symbol.tojson()
     assert "__force_mirroring__" not in keeping.symbol.tojson()
     kept = [max(m.activations for m in p.memory_per_device()) for p in (keeping, refetching)]
     planned = [_planned_mb(p) for p in (keeping, refetching)]
     assert kept[1] < 0.8 * kept[0]
     assert planned[1] < 0.9 * planned[0]
+
+
+def _narrow_convnet(layers=4, channels=8):
+    """Convolutions of few channels on a small batch: activations dominate its memory."""
+    x = mx.sym.var("data")
+    for i in range(layers):
+        x = mx.sym.Convolution(x, num_filter=channels, kernel=(3, 3), pad=(1, 1), name=f"conv{i}")
+        x = mx.sym.Activation(mx.sym.BatchNorm(x, name=f"bn{i}"), act_type="relu",
+                              name=f"relu{i}")
+    x = mx.sym.Pooling(x, global_pool=True, kernel=(1, 1), pool_type="avg", name="pool")
+    return mx.sym.SoftmaxOutput(mx.sym.FullyConnected(x, num_hidden=10, name="fc"),
+                                name="softmax")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("batch,k", [(6, 4), (5, 4), (3, 2)])
+def test_an_uneven_batch_is_balanced_by_default(batch, k):
+    """A batch the devices do not divide (6 on 4: pieces of 2, 2, 1, 1) leaves the fewest-
+    bytes plan (``balance=0``) holding about 1.3x the ideal on a device, counted on the
+    rewritten graph. By default (``balance=1.15``) the plan within 1.15x that moves the
+    fewest bytes at a searched memory weight is taken instead: it moves more, holds about
+    1/k, and computes the same (outputs, every gradient, aux states, float64)."""
+    sym = _narrow_convnet()
+    shapes = dict(data=(batch, 3, 16, 16), softmax_label=(batch,))
+    ctx = [mx.cpu(i) for i in range(k)]
+    dtypes = float64(shapes)                    # as partition_and_verify's
+    one = tofu_mx.partition(sym, ctx[:1], dtypes=dtypes, **shapes).memory_per_device()[0]
+    ideal = one.total / k
+    fewest = tofu_mx.partition(sym, ctx, options=SearchOptions(balance=0), dtypes=dtypes,
+                               **shapes)
+    balanced, report = partition_and_verify(sym, k, **shapes)
+    assert report.ok
+    worst = [max(m.total for m in p.memory_per_device()) for p in (fewest, balanced)]
+    assert worst[0] > 1.25 * ideal
+    assert worst[1] <= 1.15 * ideal
+    assert balanced.plan.total_bytes > fewest.plan.total_bytes
+    # a weight the caller chose is the caller's trade: no balancing
+    chosen = tofu_mx.plan(sym, k, options=SearchOptions(memory_weight=0.5), **shapes)
+    assert chosen == tofu_mx.plan(sym, k, options=SearchOptions(memory_weight=0.5, balance=0),
+                                  **shapes)

@@ -10,10 +10,10 @@ import pytest
 
 import tofu_mx
 from nnvm_passes.importer import import_symbol
-from tests.tofu_mx.runtime.helpers import partition_and_verify
+from tests.tofu_mx.runtime.helpers import float64, partition_and_verify
 from tofu_mx import models
 from tofu_mx.runtime.partitioned import apply_plan
-from tofu_mx.search.plan import plan_graph
+from tofu_mx.search.plan import SearchOptions, plan_graph
 from tofu_mx.search.layouts import OpStrategy, StoredLayout
 
 X = mx.sym.var("data")
@@ -158,6 +158,42 @@ def test_refetched_inputs_cross_through_their_own_marked_copies(k):
     for i in reran:    # readers of a re-run share read it through marked, then unmarked _copy
         readers = [n for n in nodes if any(src == i for src, _, _ in n["inputs"])]
         assert readers and all(r["op"] == "_copy" and _marked(r) for r in readers)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.002, 0.05])   # none kept, some, all that save
+def test_kept_inputs_are_not_built_again_and_the_rest_are(share):
+    """With ``keep_share`` the re-fetching plan keeps some converted inputs (none, some,
+    every one whose second fetch would move bytes): the node a share reads a kept input from
+    is not marked (it lives until the backward pass), and a share none of whose inputs is
+    re-fetched is not marked either (it runs once); outputs, every gradient and aux state
+    equal one device's, and each input kept moves fewer bytes."""
+    sym = models.wresnet(14, 2, 10)
+    shapes = models.input_shapes("wresnet", 4, image_size=16)
+    ptd, report = partition_and_verify(sym, 4, options=SearchOptions(keep_share=share),
+                                       **shapes)
+    assert report.ok and ptd.plan.refetch
+    nodes = json.loads(ptd.symbol.tojson())["nodes"]
+    kept = set(ptd.plan.kept)
+    convs = {n.name for n in ptd.graph.operators() if n.op == "Convolution"}
+    checked = 0
+    for n in nodes:
+        name = n["name"].split("@")[0]
+        if n["op"] != "Convolution" or name not in convs or "@dev" not in n["name"]:
+            continue
+        ins = [nodes[src] for src, _, _ in n["inputs"]]
+        for j, src in enumerate(ins):
+            if (name, j) in kept:
+                assert not _marked(src), (n["name"], j, src["name"])
+                checked += 1
+        if all((name, j) in kept or not _marked(src) for j, src in enumerate(ins)):
+            assert not _marked(n), n["name"]
+    every = tofu_mx.plan(sym, 4, options=SearchOptions(keep_share=0), dtypes=float64(shapes),
+                         **shapes)
+    assert bool(kept) == bool(checked) == (share > 0)
+    if kept:
+        assert ptd.plan.total_bytes < every.total_bytes
+    if share == 0.002:    # some inputs kept, others fetched again
+        assert any(_marked(n) and n["op"] == "Convolution" for n in nodes)
 
 
 @pytest.mark.parametrize("ordered", [False, True])

@@ -15,7 +15,7 @@ from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.search.exact import solve_ilp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.search.plan import factor_orders, prime_factors
-from tofu_mx.runtime.assign import device_parts, stored_box
+from tofu_mx.runtime.assign import assign, device_parts, stored_box
 
 BATCH = 960   # divisible by every device count tested
 
@@ -43,17 +43,43 @@ def test_data_parallel_mlp_costs_exactly_its_gradient_all_reduce(k, refetch):
     """A wide batch and small weights: the best plan is data parallelism, which moves exactly
     what a ring all-reduce of the parameter gradients moves, 2 (k - 1) x parameter bytes
     (as an all-gather of each weight forward and a reduce-scatter of its gradient). Fetching
-    the weights again for the backward pass, not keeping them, adds one more all-gather:
-    3 (k - 1) x parameter bytes (as ZeRO's stage 3)."""
+    every weight again for the backward pass, not keeping it (``keep_share=0``), adds one
+    more all-gather: 3 (k - 1) x parameter bytes (as ZeRO's stage 3)."""
     p = plan(mlp(), k, data=(BATCH, 32), softmax_label=(BATCH,),
-             options=SearchOptions(refetch=refetch))
-    assert p.refetch == refetch
+             options=SearchOptions(refetch=refetch, keep_share=0))
+    assert p.refetch == refetch and p.kept == ()
     assert p.total_bytes == (3 if refetch else 2) * (k - 1) * mlp_param_bytes()
     assert all(str(t.layouts[0]) == "split(0)" for t in p.tensors if t.kind in ("data", "activation"))
     assert all(s[0].kind == "split" for o in p.ops for s in [o.strategies])
     dp = baseline_plan(import_symbol(mlp(), data=(BATCH, 32), softmax_label=(BATCH,)), k,
                        "data_parallel")
     assert dp.total_bytes * (1.5 if refetch else 1) == p.total_bytes
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_small_gathered_weights_are_kept_not_fetched_again(k):
+    """By default (``keep_share=0.03``) the re-fetching plan keeps the gathered copies
+    that add little memory: the MLP's weights (3.7 KB, against its batch's activations),
+    gathered whole for the batch split, are kept (with the pieces they are joined from, they
+    add under 3% to a device's memory), so the plan moves what data parallelism
+    moves, 2 (k - 1) x parameter bytes. With a share too small
+    for any of them, every one is fetched again."""
+    shapes = dict(data=(8 * BATCH, 32), softmax_label=(8 * BATCH,))
+    p = plan(mlp(), k, **shapes)
+    copies = 4 * (32 * 16 + 16 * 16 + 16 * 8)   # the weights their gradients read (no bias)
+    assert 2 * copies <= SearchOptions().keep_share * p.memory[0].total  # copy and pieces
+    assert p.refetch and {(name, 1) for name in ("fc0", "fc1", "out")} <= set(p.kept)
+    assert p.total_bytes == 2 * (k - 1) * mlp_param_bytes()
+    graph = import_symbol(mlp(), **shapes)
+    ops = {graph.nodes[i].name: a for i, a in assign(graph, p).ops.items()}
+    assert all(1 in ops[name].kept for name in ("fc0", "fc1", "out"))
+    tight = SearchOptions(keep_share=0.99 * copies / p.memory[0].total)
+    q = plan(mlp(), k, **shapes, options=tight)
+    weights_kept = {name for name, j in q.kept if j == 1}
+    assert weights_kept and len(weights_kept) < 3 and q.total_bytes > p.total_bytes
+    none = plan(mlp(), k, **shapes, options=SearchOptions(keep_share=1e-9))
+    assert none.kept == () and none.total_bytes == 3 * (k - 1) * mlp_param_bytes()
+    assert Plan.from_json(p.to_json()) == p
 
 
 def test_a_tall_layer_is_partitioned_not_replicated():
@@ -288,3 +314,19 @@ def test_every_zoo_net_plans_at_2_3_and_4_devices(name):
         options = SearchOptions(refetch=refetch)
         assert plan_graph(graph, 2, options=options).total_bytes <= \
             baseline_plan(graph, 2, "data_parallel", options).total_bytes
+
+
+def test_stored_excess_prices_a_remainder_and_a_whole_copy():
+    """What a memory weight prices of a stored tensor: the bytes its largest part holds
+    above an even share. 6 rows in 4 parts: pieces of 2, 2, 1, 1, so 2/6 against 1.5/6."""
+    from tofu_mx.search.cut import _excess
+    size = 6 * 10 * 4
+    assert _excess(("split", 0), (6, 10), 4, 4) == pytest.approx(size * (2 / 6 - 1 / 4))
+    assert _excess(("split", 1), (6, 10), 4, 2) == 0            # 10 in 2: even
+    assert _excess(("replicated",), (6, 10), 4, 4) == pytest.approx(size * 3 / 4)
+
+
+@pytest.mark.parametrize("bad", [0.5, -1, "1.15", float("nan")])
+def test_balance_must_be_off_or_a_multiple_of_the_ideal(bad):
+    with pytest.raises(InvalidArgumentError, match="balance"):
+        SearchOptions(balance=bad)
