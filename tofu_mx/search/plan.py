@@ -52,12 +52,12 @@ class SearchOptions:
     refetch: bool = True              # fetch converted inputs again for the backward pass
     #                                   (re-running their operator) instead of keeping them:
     #                                   less memory, more bytes moved and compute
-    keep_share: float = 0.03          # with refetch, still keep the converted inputs that save
-    #                                   the most bytes per byte kept while they add at most
-    #                                   this share of a device's planned memory
-    balance: float = 1.15             # with no memory weight: if the plan holds more than this
-    #                                   times the ideal (1/k of everything) on a device, the
-    #                                   fewest-bytes plan within it at a searched weight (0: off)
+    keep_share: float = 0.03          # share of device memory small kept copies may add
+    #                                   (with refetch: the converted inputs saving the most
+    #                                   bytes per byte kept are kept, not fetched again)
+    balance: float = 1.15             # most memory per device, x ideal, before bytes are traded
+    #                                   (with no memory weight: a plan holding more is searched
+    #                                   again at memory weights until one fits; 0: off)
 
     def __post_init__(self):
         set_ = object.__setattr__     # frozen: each field is stored in its checked form
