@@ -410,8 +410,7 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     budgets = budgets_of(memory_budget, k)
 
     def measure(weight: float, refetch: bool = False, keep_share: float = 0.0):
-        tried = dataclasses.replace(options, memory_weight=weight, refetch=refetch,
-                                    keep_share=keep_share, balance=0)
+        tried = _variant(options, weight, refetch, keep_share)
         plan = plan_graph(graph, k, options=tried)
         _check_operators(graph, plan, k, strict)
         ptd = apply_plan(symbol, graph, plan, contexts)
@@ -419,6 +418,15 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     others = [measure(options.memory_weight, True, share)
               for share in _refetch_shares(options)]
     return fit_budget(measure, budgets, options.memory_weight, others)
+
+
+def _variant(options: SearchOptions, weight: float, refetch: bool,
+             keep_share: float) -> SearchOptions:
+    """``options`` for one plan a budget or a frontier weighs: at this memory weight,
+    re-fetching or not with this keep share, and not balanced (they search weights
+    themselves)."""
+    return dataclasses.replace(options, memory_weight=weight, refetch=refetch,
+                               keep_share=keep_share, balance=0)
 
 
 def _refetch_shares(options: SearchOptions) -> list[float]:
@@ -452,8 +460,7 @@ def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         tries = [(w, False, 0.0) for w in weights] + \
             [(options.memory_weight, True, share) for share in _refetch_shares(options)]
         for weight, refetch, share in tries:
-            tried = dataclasses.replace(options, memory_weight=weight, refetch=refetch,
-                                        keep_share=share, balance=0)
+            tried = _variant(options, weight, refetch, share)
             ptd = apply_plan(symbol, graph, plan_graph(graph, k, options=tried), contexts)
             points.append(trade_off(ptd, weight, tried.optimizer_state, share))
     return Frontier(pareto(points), ideal)

@@ -507,11 +507,11 @@ class Cut:
         moved)."""
         layouts, (regions, shape) = self._interned[edge.held], self._interned[edge.read]
         itemsize, _ = self.structure.facts_of_tensors[edge.facts]
-        need = regions[assignment[edge.slot]]
-        held = stored_regions(layouts[assignment[edge.source]], shape, len(need))
+        need, layout = regions[assignment[edge.slot]], layouts[assignment[edge.source]]
+        held = stored_regions(layout, shape, len(need))
         largest = max((2 * volume(n) - volume(intersect(n, h)) for h, n in zip(held, need)),
                       default=0) * itemsize
-        return largest, any(n is not None and tuple(n) != tuple(h) for h, n in zip(held, need))
+        return largest, _buffer(layout, shape, need, itemsize) > 0
 
     def second_fetch(self, edge: "Refetched", assignment: Sequence[int]) -> int:
         """Bytes the backward pass fetches again over ``edge`` under ``assignment`` (what
