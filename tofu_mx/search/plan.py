@@ -616,13 +616,9 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
     """The cheapest plan over every order of the device count's prime factors; with a
     ``memory_budget``, the cheapest of those that fit (else NoFeasiblePlanError, reporting
     the smallest footprint found)."""
-    orders = factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
     with _collector_paused():
         shared = _Shared.of(graph)
-        candidates = sorted((_assemble(graph, num_devices, order,
-                                       search_levels(graph, order, options, choose,
-                                                     shared.structure), options, shared)
-                             for order in orders), key=lambda p: (p.total_bytes, p.factors))
+    candidates = _candidates(graph, num_devices, options, choose, shared)
     if memory_budget is None:
         if choose is None and not options.memory_weight and options.balance:
             return _balanced(graph, num_devices, candidates[0], options, shared)
@@ -635,6 +631,17 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
         except NoFeasiblePlanError as e:
             failures.append(e)
     raise min(failures, key=lambda e: e.footprint)
+
+
+def _candidates(graph: Graph, num_devices: int, options: SearchOptions, choose,
+                shared: "_Shared") -> list[Plan]:
+    """The plan of every order of the device count's prime factors, fewest bytes first."""
+    orders = factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
+    with _collector_paused():
+        return sorted((_assemble(graph, num_devices, order,
+                                 search_levels(graph, order, options, choose, shared.structure),
+                                 options, shared) for order in orders),
+                      key=lambda p: (p.total_bytes, p.factors))
 
 
 #: the memory weights :func:`_balanced` tries, in order
@@ -650,14 +657,9 @@ def _balanced(graph: Graph, num_devices: int, plan: Plan, options: SearchOptions
     ideal = ideal_memory(graph, shared.kept, options, num_devices)
     if plan.memory[0].total <= options.balance * ideal:
         return plan
-    orders = factor_orders(num_devices, options.try_factor_orders)
     for weight in BALANCE_WEIGHTS:
-        tried = dataclasses.replace(options, memory_weight=weight)
-        with _collector_paused():
-            found = min((_assemble(graph, num_devices, order,
-                                   search_levels(graph, order, tried, None, shared.structure),
-                                   tried, shared) for order in orders),
-                        key=lambda p: (p.total_bytes, p.factors))
+        found = _candidates(graph, num_devices, dataclasses.replace(options, memory_weight=weight),
+                            None, shared)[0]
         if found.memory[0].total <= options.balance * ideal:
             return found
     return plan
