@@ -17,6 +17,7 @@ its output's gradient, wherever MXNet happened to place that.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -47,7 +48,8 @@ class _Gradient:
 
 def _gradient(node: Node, graph: Graph) -> _Gradient:
     infos = [graph.tensor(e) for e in node.inputs]
-    attrs = tuple(sorted((k, str(v)) for k, v in node.attrs.items() if not k.startswith("__")))
+    attrs = _visible(node.attrs) if isinstance(node.attrs, FrozenDict) else \
+        _visible.__wrapped__(node.attrs)
     shapes, dtypes = tuple(i.shape for i in infos), tuple(i.dtype for i in infos)
     key = (node.op, attrs, tuple(len(s) for s in shapes), dtypes, len(node.outputs))
     if key in _CACHE:
@@ -57,6 +59,12 @@ def _gradient(node: Node, graph: Graph) -> _Gradient:
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
     return found
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _visible(attrs: FrozenDict) -> tuple[tuple[str, str], ...]:
+    """A node's operator attributes, sorted (cached: nodes share their attributes)."""
+    return tuple(sorted((k, str(v)) for k, v in attrs.items() if not k.startswith("__")))
 
 
 def backward_reads(node: Node, graph: Graph) -> tuple[frozenset[int], frozenset[int]]:

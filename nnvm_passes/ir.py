@@ -9,7 +9,9 @@ changed.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -70,6 +72,19 @@ def parse_attr_value(text: str) -> Any:
 
     A string that is not a Python literal (``"relu"``, ``"NCHW"``) is returned unchanged.
     """
+    value = _literal(text) if isinstance(text, str) else _literal.__wrapped__(text)
+    if isinstance(value, _SCALARS) or isinstance(value, tuple) and \
+            all(isinstance(v, _SCALARS) for v in value):
+        return value
+    return copy.deepcopy(value)     # a mutable value: the caller's own
+
+
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _literal(text: str) -> Any:
+    """:func:`parse_attr_value`, cached: a graph spells the same few values on every node."""
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):

@@ -12,18 +12,27 @@ shapes and ``inputs`` are :class:`Ref` values standing for the node's inputs. It
 the node, or None to keep the node as it is. Every variable the node read must still be read
 (the graph's inputs do not change), and emitted nodes carry the node's hidden attributes
 (placement). The pass knows no operator by name.
+
+The lowered graph is built directly: MXNet infers the shapes and dtypes of each distinct
+emitted subgraph once, and the nodes are put in the order, and with the operator names,
+that MXNet's own import of the lowered graph would give (so a graph's fingerprint does not
+depend on the route). A graph whose nodes carry JSON fields the IR does not model (control
+dependencies, subgraphs) goes through MXNet's JSON and a fresh import instead.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import mxnet as mx
+import numpy as np
 
 from nnvm_passes.exporter import graph_to_json
-from nnvm_passes.importer import import_symbol
-from nnvm_passes.ir import Graph, format_attr_value, is_hidden_attr
+from nnvm_passes.importer import all_entries_symbol, import_symbol
+from nnvm_passes.ir import Entry, FrozenDict, Graph, Node, TensorInfo, format_attr_value, \
+    is_hidden_attr
 from tofu_mx.errors import TofuError
 
 
@@ -64,22 +73,25 @@ Hook = Callable[..., "tuple[Ref, ...] | None"]
 
 def lower(graph: Graph, lowering_of: Callable[[Any], Hook | None]) -> Graph:
     """``graph`` with each node that ``lowering_of`` gives a hook for replaced by the hook's
-    subgraph (``graph`` itself when no hook lowers anything). Shapes and dtypes are inferred
-    afresh; variables keep their names, shapes, dtypes and kinds."""
+    subgraph (``graph`` itself when no hook lowers anything). Variables keep their names,
+    shapes, dtypes and kinds; the nodes come in the order MXNet's own import would give
+    them (see :func:`_mxnet_order`), and emitted nodes' shapes and dtypes are MXNet's."""
     hooks = {i: lowering_of(node) for i, node in enumerate(graph.nodes) if not node.is_variable}
     if not any(hooks.values()):
-        return graph            # nothing to lower: no JSON round trip
-    js = graph_to_json(graph)
-    nodes: list[dict] = []
+        return graph            # nothing to lower
+    direct = not any(node.extra for node in graph.nodes)   # else control deps, subgraphs
+    js = None if direct else graph_to_json(graph)
+    nodes: list[Node | dict] = []     # kept nodes (inputs renumbered), emitted ones as JSON
+    spans: list[tuple[int, int]] = []  # where each lowered node's emitted nodes lie
     where: dict[tuple[int, int], Ref] = {}       # (old node, output) -> new entry
     names = {n.name for n in graph.nodes}
-    lowered = False
     for i, node in enumerate(graph.nodes):
         inputs = [where[(e.node, e.index)] for e in node.inputs]
         hook = hooks.get(i)
         outs = None
         if hook is not None:
             hidden = {k: v for k, v in node.attrs.items() if is_hidden_attr(k)}
+            first = len(nodes)
             try:
                 shapes = tuple(graph.tensor(e).shape for e in node.inputs)
                 outs = hook(Emitter(nodes, node.name, hidden, names), node.params, shapes,
@@ -87,23 +99,150 @@ def lower(graph: Graph, lowering_of: Callable[[Any], Hook | None]) -> Graph:
             except Exception as e:  # noqa: BLE001  (re-raised with the node named)
                 raise TofuError(f"lowering {node.name!r} ({node.op}) failed: "
                                 f"{type(e).__name__}: {e}") from e
+            if outs is None:
+                del nodes[first:]
+            else:
+                spans.append((first, len(nodes)))
         if outs is None:
-            jn = dict(js["nodes"][i])
-            jn["inputs"] = [[r.node, r.index, 0] for r in inputs]
-            nodes.append(jn)
+            if direct:
+                nodes.append(node.replace(inputs=tuple(Entry(r.node, r.index) for r in inputs)))
+            else:
+                nodes.append(dict(js["nodes"][i], inputs=[[r.node, r.index, 0] for r in inputs]))
             outs = tuple(Ref(len(nodes) - 1, k) for k in range(len(node.outputs)))
         elif len(outs) != len(node.outputs):
             raise TofuError(f"lowering {node.name!r} ({node.op}) gave {len(outs)} outputs for "
                             f"its {len(node.outputs)}")
-        else:
-            lowered = True
         where.update(((i, k), r) for k, r in enumerate(outs))
-    if not lowered:
+    if not spans:
         return graph
-    heads = [[where[(e.node, e.index)].node, where[(e.node, e.index)].index, 0]
-             for e in graph.heads]
-    return _reimport(graph, {**js, "nodes": nodes, "heads": heads,
-                             "arg_nodes": [k for k, n in enumerate(nodes) if n["op"] == "null"]})
+    heads = [where[(e.node, e.index)] for e in graph.heads]
+    if not direct:
+        return _reimport(graph, {**js, "nodes": nodes,
+                                 "heads": [[r.node, r.index, 0] for r in heads],
+                                 "arg_nodes": [k for k, n in enumerate(nodes)
+                                               if n["op"] == "null"]})
+    return _assemble(graph, _typed(nodes, spans), heads)
+
+
+def _typed(nodes: list, spans: list[tuple[int, int]]) -> list[Node]:
+    """``nodes`` with the emitted ones made :class:`Node` objects, their shapes and dtypes
+    inferred by MXNet once per distinct emitted subgraph (the same operator on the same
+    shapes emits the same nodes: a network's BatchNorms share a handful)."""
+    infos: dict[int, tuple[TensorInfo, ...]] = {}
+    for k, node in enumerate(nodes):
+        if isinstance(node, Node):
+            infos[k] = node.outputs
+    attrs: dict[tuple, FrozenDict] = {}
+    for first, end in spans:
+        outside: dict[tuple[int, int], int] = {}   # entries read from before the span
+        signature = []
+        for jn in nodes[first:end]:
+            reads = []
+            for src, index, _ in jn["inputs"]:
+                if src < first:
+                    t = infos[src][index]
+                    reads.append(("in", outside.setdefault((src, index), len(outside)),
+                                  t.shape, t.dtype))
+                else:
+                    reads.append((src - first, index))
+            signature.append((jn["op"], tuple((k, v) for k, v in jn["attrs"].items()
+                                              if not is_hidden_attr(k)), tuple(reads)))
+        found = _template_infos(tuple(signature))
+        for k, (jn, (op, outs)) in enumerate(zip(nodes[first:end], found)):
+            key = tuple(jn["attrs"].items())
+            if key not in attrs:
+                attrs[key] = FrozenDict(jn["attrs"])
+            infos[first + k] = outs
+            nodes[first + k] = Node(name=jn["name"], op=op, attrs=attrs[key],
+                                    inputs=tuple(Entry(src, index) for src, index, _
+                                                 in jn["inputs"]), outputs=outs)
+    return nodes
+
+
+#: MXNet's version as its JSON states it (1.9.1 -> 10901)
+_VERSION = sum(int(part) * 100 ** (2 - k)
+               for k, part in enumerate(mx.__version__.split(".")[:3]))
+
+
+@functools.lru_cache(maxsize=256)
+def _template_infos(signature: tuple) -> tuple[tuple[str, tuple[TensorInfo, ...]], ...]:
+    """Each emitted node's operator as MXNet names it (``concat`` is ``Concat``) and its
+    output shapes and dtypes, as MXNet infers them for ``signature``: per node ``(op,
+    attributes, reads)``, a read either ``(node, output)`` in the subgraph or ``("in",
+    input, shape, dtype)``."""
+    inputs = {}
+    for _, _, reads in signature:
+        for r in reads:
+            if r[0] == "in":
+                inputs[r[1]] = r[2:]
+    n = len(inputs)
+    js_nodes = [{"op": "null", "name": f"in{k}", "inputs": []} for k in range(n)]
+    for k, (op, attrs, reads) in enumerate(signature):
+        js_nodes.append({"op": op, "name": f"n{k}", "attrs": dict(attrs),
+                         "inputs": [[r[1], 0, 0] if r[0] == "in" else [n + r[0], r[1], 0]
+                                    for r in reads]})
+    # every emitted node a head (its outputs counted by MXNet: load, then read back)
+    symbol = mx.sym.load_json(json.dumps({"nodes": js_nodes, "arg_nodes": list(range(n)),
+                                          "heads": [[n + k, 0, 0] for k in range(len(signature))],
+                                          "attrs": {"mxnet_version": ["int", _VERSION]}}))
+    js = json.loads(symbol.tojson())
+    everything = all_entries_symbol(js)
+    try:
+        _, out_shapes, _ = everything.infer_shape_partial(
+            **{f"in{k}": s for k, (s, _) in inputs.items()})
+        _, out_types, _ = everything.infer_type_partial(
+            **{f"in{k}": t for k, (_, t) in inputs.items()})
+    except mx.base.MXNetError as e:
+        raise TofuError(f"MXNet cannot infer the shapes of a lowering's nodes "
+                        f"{[op for op, _, _ in signature]}: {str(e).strip()[:300]}") from e
+    rows, row_ptr = {}, js["node_row_ptr"]
+    for p, jn in enumerate(js["nodes"]):
+        rows[jn["name"]] = range(row_ptr[p], row_ptr[p + 1])
+    ops = {jn["name"]: jn["op"] for jn in js["nodes"]}
+    return tuple((ops[f"n{k}"], tuple(TensorInfo(tuple(int(d) for d in out_shapes[r]),
+                                                 np.dtype(out_types[r]).name)
+                                      for r in rows[f"n{k}"]))
+                 for k in range(len(signature)))
+
+
+def _assemble(graph: Graph, nodes: list[Node], heads: list[Ref]) -> Graph:
+    """The graph of ``nodes`` and ``heads``, its nodes in MXNet's order and unread ones
+    dropped, as ``mx.sym.load_json`` would leave them; its inputs must be ``graph``'s."""
+    order = _mxnet_order(nodes, heads)
+    position = {old: new for new, old in enumerate(order)}
+    variables = {n.name for n in graph.variables()}
+    kept = {nodes[k].name for k in order if nodes[k].is_variable}
+    if kept != variables:
+        raise TofuError(f"lowering changed the graph's inputs: {sorted(variables - kept)} no "
+                        f"longer read, {sorted(kept - variables)} new")
+    return graph.replace(
+        nodes=tuple(nodes[k].replace(inputs=tuple(Entry(position[e.node], e.index)
+                                                  for e in nodes[k].inputs)) for k in order),
+        heads=tuple(Entry(position[r.node], r.index) for r in heads))
+
+
+def _mxnet_order(nodes: list[Node], heads: list[Ref]) -> list[int]:
+    """The nodes reachable from ``heads`` in nnvm's post-order depth-first order (from each
+    head in turn, inputs in order), the order a symbol's JSON lists them in."""
+    order, visited = [], set()
+    for head in heads:
+        if head.node in visited:
+            continue
+        visited.add(head.node)
+        stack = [(head.node, 0)]
+        while stack:
+            k, next_input = stack[-1]
+            inputs = nodes[k].inputs
+            if next_input == len(inputs):
+                order.append(k)
+                stack.pop()
+                continue
+            stack[-1] = (k, next_input + 1)
+            src = inputs[next_input].node
+            if src not in visited:
+                visited.add(src)
+                stack.append((src, 0))
+    return order
 
 
 def _reimport(graph: Graph, js: dict) -> Graph:

@@ -13,6 +13,14 @@ def test_attr_values_parse_and_format_like_mxnet(text, value):
     assert format_attr_value(value) == text
 
 
+def test_a_parsed_mutable_value_is_the_callers_own():
+    """Parsing is cached per spelling; a list parsed is a fresh copy every time."""
+    first = parse_attr_value("[1, [2, 3]]")
+    first[1].append(4)
+    assert parse_attr_value("[1, [2, 3]]") == [1, [2, 3]]
+    assert parse_attr_value(["not", "text"]) == ["not", "text"]
+
+
 def test_frozendict_is_hashable_and_updated_returns_self_when_unchanged():
     d = FrozenDict({"a": "1", "b": "2"})
     assert hash(d) == hash(FrozenDict({"a": "1", "b": "2"}))

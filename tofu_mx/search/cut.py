@@ -192,6 +192,7 @@ class Cut:
         self._intern_ids: dict[tuple, int] = {}
         self._ends: dict[tuple, int | tuple] = {}
         self._matrices: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._kept: dict[tuple, tuple[int, bool]] = {}   # an edge's ends and choices -> kept_copy
         for g in self.groups:
             self._enumerate_choices(g)
 
@@ -505,13 +506,16 @@ class Cut:
         to join it (a joining operator's gradient may read them); and whether any part reads
         other than exactly what it stores (a copy: joined, cut or padded, even with nothing
         moved)."""
-        layouts, (regions, shape) = self._interned[edge.held], self._interned[edge.read]
-        itemsize, _ = self.structure.facts_of_tensors[edge.facts]
-        need, layout = regions[assignment[edge.slot]], layouts[assignment[edge.source]]
-        held = stored_regions(layout, shape, len(need))
-        largest = max((2 * volume(n) - volume(intersect(n, h)) for h, n in zip(held, need)),
-                      default=0) * itemsize
-        return largest, _buffer(layout, shape, need, itemsize) > 0
+        key = (edge.held, edge.read, edge.facts, assignment[edge.source], assignment[edge.slot])
+        if key not in self._kept:
+            layouts, (regions, shape) = self._interned[edge.held], self._interned[edge.read]
+            itemsize, _ = self.structure.facts_of_tensors[edge.facts]
+            need, layout = regions[key[4]], layouts[key[3]]
+            held = stored_regions(layout, shape, len(need))
+            largest = max((2 * volume(n) - volume(intersect(n, h)) for h, n in zip(held, need)),
+                          default=0) * itemsize
+            self._kept[key] = largest, _buffer(layout, shape, need, itemsize) > 0
+        return self._kept[key]
 
     def second_fetch(self, edge: "Refetched", assignment: Sequence[int]) -> int:
         """Bytes the backward pass fetches again over ``edge`` under ``assignment`` (what

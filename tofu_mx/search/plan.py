@@ -18,6 +18,7 @@ import math
 import sys
 import contextlib
 import dataclasses
+import functools
 import gc
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
@@ -25,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from nnvm_passes.backward import kept_for_backward
-from nnvm_passes.ir import Graph
+from nnvm_passes.ir import FrozenDict, Graph
 from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
@@ -35,7 +36,7 @@ from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.search.structure import GraphStructure, itemsize_of
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph, registry_entry
-from tofu_mx.tdl.registry import Description, facts
+from tofu_mx.tdl.registry import Attrs, Description, facts, generation
 
 
 @dataclass(frozen=True)
@@ -598,7 +599,8 @@ def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions
     options = SearchOptions.of(options)
     if memory_budget is not None:
         budgets_of(memory_budget, num_devices)    # before the import, which may take a while
-    graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), num_devices)
+    with _collector_paused():       # import and lowering too make objects by the million
+        graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), num_devices)
     return plan_graph(graph, num_devices, memory_budget=memory_budget, options=options)
 
 
@@ -608,7 +610,14 @@ def lower_graph(graph: Graph, num_devices: int) -> Graph:
     the graph plan() searches and partition() rewrites."""
     if num_devices == 1:
         return graph
-    return lower(graph, lambda node: facts(node.op, node.params).lowering)
+    return lower(graph, lambda node: _lowering_of(node.op, node.attrs, generation()))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _lowering_of(op: str, attrs: FrozenDict, _generation: int):
+    """``facts(op).lowering`` for a node's raw attributes (cached per registry generation:
+    nodes share their attributes, and parsing them per node dominated at 100k operators)."""
+    return facts(op, Attrs(attrs)).lowering
 
 
 def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
