@@ -165,9 +165,11 @@ class Cut:
 
     def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True,
                  needs_grad: dict | None = None, memory_weight: float = 0.0,
-                 refetch: bool = False, structure: GraphStructure | None = None):
+                 refetch: bool = False, structure: GraphStructure | None = None,
+                 kept_tensors: frozenset = frozenset()):
         self.graph, self.view, self.parts = graph, view, parts
         self.memory_weight, self.refetch = memory_weight, refetch
+        self.kept_tensors = kept_tensors    # (node, output): copies kept even when refetching
         self.structure = structure if structure is not None else \
             GraphStructure.of(graph, needs_grad)
         self.needs_grad = self.structure.needs_grad
@@ -487,7 +489,8 @@ class Cut:
                         continue
                     seen[(k, tensor, read)] = len(edges)
                     src = slot_of[tensor[0]]
-                    again = self.refetch and self.structure.refetches(self.graph, copy[p])
+                    again = self.refetch and tensor not in self.kept_tensors and \
+                        self.structure.refetches(self.graph, copy[p])
                     kept = bool(self.memory_weight) and not again and \
                         self.structure.keeps_input(self.graph, copy[p], j)
                     key = (held[tensor], read, facts_of[tensor], kept, again, src == k)

@@ -443,11 +443,12 @@ class _LevelResult:
 
 
 def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
-                 choose=None, structure: GraphStructure | None = None) -> _LevelResult:
+                 choose=None, structure: GraphStructure | None = None,
+                 kept_tensors: frozenset = frozenset()) -> _LevelResult:
     """One cut's search. ``choose(cut, cut_problem) -> Solution`` replaces the DP (the
     baselines, tests that force a strategy)."""
     cut = Cut(graph, view, parts, tie=options.tie, memory_weight=options.memory_weight,
-              refetch=options.refetch, structure=structure)
+              refetch=options.refetch, structure=structure, kept_tensors=kept_tensors)
     problem = cut.problem()
     progress = _progress_bar(len(problem.problem.names), options, f"{parts}-way cut")
     try:
@@ -474,14 +475,16 @@ def _progress_bar(total: int, options: SearchOptions, what: str):
 
 
 def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
-                  choose=None, structure: GraphStructure | None = None) -> list[_LevelResult]:
+                  choose=None, structure: GraphStructure | None = None,
+                  kept_tensors: frozenset = frozenset()) -> list[_LevelResult]:
     """The cuts of one factor order, each searched at the view the previous ones leave;
     ``structure``: the graph's :class:`~tofu_mx.search.structure.GraphStructure`, shared by
-    every level (made here if not given)."""
+    every level (made here if not given); ``kept_tensors``: tensors whose converted copies
+    are kept for the backward pass even by operators that re-fetch."""
     structure = GraphStructure.of(graph) if structure is None else structure
     view, results = View.of(graph), []
     for parts in order:
-        result = _solve_level(graph, view, parts, options, choose, structure)
+        result = _solve_level(graph, view, parts, options, choose, structure, kept_tensors)
         results.append(result)
         view = next_view(result.cut, result.members, result.var_layout)
     return results
@@ -646,11 +649,42 @@ def _candidates(graph: Graph, num_devices: int, options: SearchOptions, choose,
                 shared: "_Shared") -> list[Plan]:
     """The plan of every order of the device count's prime factors, fewest bytes first."""
     orders = factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
+    weights, used = _small_weights(graph, num_devices, options, shared) if choose is None \
+        else (frozenset(), 0.0)
     with _collector_paused():
         return sorted((_assemble(graph, num_devices, order,
-                                 search_levels(graph, order, options, choose, shared.structure),
-                                 options, shared) for order in orders),
+                                 search_levels(graph, order, options, choose, shared.structure,
+                                               weights),
+                                 options, shared, weights, used) for order in orders),
                       key=lambda p: (p.total_bytes, p.factors))
+
+
+def _small_weights(graph: Graph, num_devices: int, options: SearchOptions,
+                   shared: "_Shared") -> tuple[frozenset, float]:
+    """The parameters whose converted copies the search keeps for the backward pass even
+    where their readers re-fetch (so it prices, and may choose, data parallelism's way with
+    them: gathered once), and the bytes that may hold: the smallest first, counted whole
+    per device, while they add at most ``keep_share`` of the ideal memory. Only with
+    ``refetch``."""
+    if not options.refetch or not options.keep_share or num_devices == 1:
+        return frozenset(), 0.0
+    structure = shared.structure
+    sizes: dict[tuple[int, int], int] = {}
+    for i in structure.ops:
+        if not structure.refetches(graph, i):
+            continue
+        for j, e in enumerate(graph.nodes[i].inputs):
+            if graph.nodes[e.node].kind == "param" and structure.keeps_input(graph, i, j):
+                t = graph.tensor(e)
+                sizes[(e.node, e.index)] = math.prod(t.shape) * itemsize_of(t.dtype)
+    budget = options.keep_share * ideal_memory(graph, shared.kept, options, num_devices)
+    kept, used = [], 0.0
+    for tensor, size in sorted(sizes.items(), key=lambda t: (t[1], t[0])):
+        if used + size > budget:
+            break
+        kept.append(tensor)
+        used += size
+    return frozenset(kept), used
 
 
 #: the memory weights :func:`_balanced` tries, in order
@@ -722,7 +756,10 @@ class _Shared:
 
 
 def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
-              results: list[_LevelResult], options: SearchOptions, shared: _Shared) -> Plan:
+              results: list[_LevelResult], options: SearchOptions, shared: _Shared,
+              weights: frozenset = frozenset(), used: float = 0.0) -> Plan:
+    """The plan of ``results``; ``weights``: the parameters kept before the search
+    (:func:`_small_weights`), holding at most ``used`` bytes of the keep budget."""
     tensors = _tensor_plans(graph, results)
     levels = tuple(Level(p, math.prod(order[:k]),
                          r.problem.bytes_problem.cost(r.solution.assignment),
@@ -735,8 +772,12 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
         coarsening = {"operators": len(cut.ops), "groups": sum(len(g.copies) for g in cut.groups),
                       "tied": len(cut.groups)}
     memory = _memory(graph, tensors, shared.kept, options, num_devices)
-    kept, saved = _keep_small(graph, results, options.keep_share * memory[0].total
+    kept, saved = _keep_small(graph, results, options.keep_share * memory[0].total - used
                               if options.refetch else 0)
+    readers = {(graph.nodes[i].name, j) for i in shared.structure.ops
+               if shared.structure.refetches(graph, i)
+               for j, e in enumerate(graph.nodes[i].inputs) if (e.node, e.index) in weights}
+    kept = tuple(sorted(set(kept) | readers))
     levels = tuple(dataclasses.replace(lv, bytes_per_group=lv.bytes_per_group - s)
                    for lv, s in zip(levels, saved))
     return Plan(num_devices, tuple(order), levels, tensors, _op_plans(graph, results), memory,

@@ -14,7 +14,8 @@ from tofu_mx.search.dp import solve_dp
 from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.search.exact import solve_ilp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
-from tofu_mx.search.plan import factor_orders, prime_factors
+from tofu_mx.search.plan import (_Shared, _small_weights, factor_orders, ideal_memory,
+                                 lower_graph, prime_factors)
 from tofu_mx.runtime.assign import assign, device_parts, stored_box
 
 BATCH = 960   # divisible by every device count tested
@@ -80,6 +81,44 @@ def test_small_gathered_weights_are_kept_not_fetched_again(k):
     none = plan(mlp(), k, **shapes, options=SearchOptions(keep_share=1e-9))
     assert none.kept == () and none.total_bytes == 3 * (k - 1) * mlp_param_bytes()
     assert Plan.from_json(p.to_json()) == p
+
+
+def test_small_weights_are_kept_before_the_search_smallest_first():
+    """The weights whose gradients read them are kept before the search, smallest first,
+    counted whole, while they fit ``keep_share`` of the ideal memory: the search then prices
+    gathering them once, as data parallelism does."""
+    shapes = dict(data=(8 * BATCH, 32), softmax_label=(8 * BATCH,))
+    graph = import_symbol(mlp(), **shapes)
+    shared = _Shared.of(graph)
+    ideal = ideal_memory(graph, shared.kept, SearchOptions(), 2)
+    sizes = {"out_weight": 4 * 16 * 8, "fc1_weight": 4 * 16 * 16, "fc0_weight": 4 * 32 * 16}
+    share = (sizes["out_weight"] + sizes["fc1_weight"]) / ideal
+    kept, used = _small_weights(graph, 2, SearchOptions(keep_share=share), shared)
+    assert {graph.nodes[i].name for i, _ in kept} == {"out_weight", "fc1_weight"}
+    assert used == sizes["out_weight"] + sizes["fc1_weight"]
+    assert _small_weights(graph, 2, SearchOptions(keep_share=0.99 * share), shared)[0] == \
+        {(graph.index("out_weight"), 0)}
+    for off in (SearchOptions(refetch=False), SearchOptions(keep_share=0)):
+        assert _small_weights(graph, 2, off, shared) == (frozenset(), 0.0)
+    p = plan_graph(graph, 2, options=SearchOptions(keep_share=share))
+    assert {("out", 1), ("fc1", 1)} <= set(p.kept)
+
+
+def test_a_net_of_small_weights_moves_what_data_parallelism_moves():
+    """SqueezeNet (5 MB of weights, batch 32) at k = 5: priced as fetched twice, its weights
+    led the search to a plan moving 1.10x data parallelism's bytes; kept before the search,
+    the default plan moves exactly what the plan keeping every copy moves, as data
+    parallelism does."""
+    with mx.name.NameManager():
+        net = mx.gluon.model_zoo.vision.get_model("squeezenet1.0")
+        sym = mx.sym.SoftmaxOutput(net(mx.sym.var("data")), name="softmax")
+    graph = lower_graph(import_symbol(sym, data=(32, 3, 224, 224), softmax_label=(32,)), 5)
+    default = plan_graph(graph, 5)
+    keeping = plan_graph(graph, 5, options=SearchOptions(refetch=False))
+    dp = baseline_plan(graph, 5, "data_parallel")
+    assert default.refetch and default.total_bytes == keeping.total_bytes == dp.total_bytes
+    assert plan_graph(graph, 5, options=SearchOptions(keep_share=0)).total_bytes > \
+        1.4 * dp.total_bytes
 
 
 def test_a_tall_layer_is_partitioned_not_replicated():
