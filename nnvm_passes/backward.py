@@ -48,8 +48,7 @@ class _Gradient:
 
 def _gradient(node: Node, graph: Graph) -> _Gradient:
     infos = [graph.tensor(e) for e in node.inputs]
-    attrs = _visible(node.attrs) if isinstance(node.attrs, FrozenDict) else \
-        _visible.__wrapped__(node.attrs)
+    attrs = _visible(node.attrs)
     shapes, dtypes = tuple(i.shape for i in infos), tuple(i.dtype for i in infos)
     key = (node.op, attrs, tuple(len(s) for s in shapes), dtypes, len(node.outputs))
     if key in _CACHE:

@@ -210,11 +210,7 @@ def _assemble(graph: Graph, nodes: list[Node], heads: list[Ref]) -> Graph:
     dropped, as ``mx.sym.load_json`` would leave them; its inputs must be ``graph``'s."""
     order = _mxnet_order(nodes, heads)
     position = {old: new for new, old in enumerate(order)}
-    variables = {n.name for n in graph.variables()}
-    kept = {nodes[k].name for k in order if nodes[k].is_variable}
-    if kept != variables:
-        raise TofuError(f"lowering changed the graph's inputs: {sorted(variables - kept)} no "
-                        f"longer read, {sorted(kept - variables)} new")
+    _check_inputs(graph, [nodes[k].name for k in order if nodes[k].is_variable])
     return graph.replace(
         nodes=tuple(nodes[k].replace(inputs=tuple(Entry(position[e.node], e.index)
                                                   for e in nodes[k].inputs)) for k in order),
@@ -250,15 +246,20 @@ def _reimport(graph: Graph, js: dict) -> Graph:
     js.pop("node_row_ptr", None)
     symbol = mx.sym.load_json(json.dumps(js))
     variables = {n.name: n for n in graph.variables()}
-    kept = symbol.list_arguments() + symbol.list_auxiliary_states()
-    if sorted(kept) != sorted(variables):
-        raise TofuError(f"lowering changed the graph's inputs: {sorted(set(variables) - set(kept))}"
-                        f" no longer read, {sorted(set(kept) - set(variables))} new")
+    _check_inputs(graph, symbol.list_arguments() + symbol.list_auxiliary_states())
     result = import_symbol(symbol, dtypes={k: v.outputs[0].dtype for k, v in variables.items()},
                            data_names=[n.name for n in graph.variables("data")],
                            **{k: v.outputs[0].shape for k, v in variables.items()})
     return result.replace(nodes=tuple(n.replace(kind=variables[n.name].kind) if n.is_variable
                                       else n for n in result.nodes))
+
+
+def _check_inputs(graph: Graph, names: list[str]) -> None:
+    """TofuError unless the lowered graph reads exactly ``graph``'s variables (``names``)."""
+    variables, kept = {n.name for n in graph.variables()}, set(names)
+    if kept != variables:
+        raise TofuError(f"lowering changed the graph's inputs: {sorted(variables - kept)} no "
+                        f"longer read, {sorted(kept - variables)} new")
 
 
 __all__ = ["Emitter", "Ref", "lower"]

@@ -160,8 +160,9 @@ class Cut:
     choice -> its members' resolution, its producer bytes), ``_choice_sets`` (shape id of a
     leader -> its choices), ``_resolutions`` (a group's choices and copy structures -> its
     rows and producer costs), ``_interned`` (each distinct tuple of layouts or regions, by
-    id), ``_ends`` (a copy structure -> the ids of what its members hold and read) and
-    ``_matrices`` (an edge's ends -> its cost matrices)."""
+    id), ``_ends`` (a copy structure -> the ids of what its members hold and read),
+    ``_matrices`` (an edge's ends -> its cost matrices) and ``_kept`` (an edge's ends and
+    choices -> :meth:`kept_copy`)."""
 
     def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True,
                  needs_grad: dict | None = None, memory_weight: float = 0.0,
@@ -194,7 +195,7 @@ class Cut:
         self._intern_ids: dict[tuple, int] = {}
         self._ends: dict[tuple, int | tuple] = {}
         self._matrices: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        self._kept: dict[tuple, tuple[int, bool]] = {}   # an edge's ends and choices -> kept_copy
+        self._kept: dict[tuple, tuple[int, bool]] = {}
         for g in self.groups:
             self._enumerate_choices(g)
 

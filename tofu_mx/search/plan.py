@@ -630,10 +630,12 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
     the smallest footprint found)."""
     with _collector_paused():
         shared = _Shared.of(graph)
-    candidates = _candidates(graph, num_devices, options, choose, shared)
+    weights = _small_weights(graph, num_devices, options, shared) if choose is None \
+        else (frozenset(), 0.0)
+    candidates = _candidates(graph, num_devices, options, choose, shared, weights)
     if memory_budget is None:
         if choose is None and not options.memory_weight and options.balance:
-            return _balanced(graph, num_devices, candidates[0], options, shared)
+            return _balanced(graph, num_devices, candidates[0], options, shared, weights)
         return candidates[0]
     failures = []
     for candidate in candidates:
@@ -646,11 +648,11 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
 
 
 def _candidates(graph: Graph, num_devices: int, options: SearchOptions, choose,
-                shared: "_Shared") -> list[Plan]:
-    """The plan of every order of the device count's prime factors, fewest bytes first."""
+                shared: "_Shared", small_weights: tuple[frozenset, float]) -> list[Plan]:
+    """The plan of every order of the device count's prime factors, fewest bytes first;
+    ``small_weights``: :func:`_small_weights`."""
     orders = factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
-    weights, used = _small_weights(graph, num_devices, options, shared) if choose is None \
-        else (frozenset(), 0.0)
+    weights, used = small_weights
     with _collector_paused():
         return sorted((_assemble(graph, num_devices, order,
                                  search_levels(graph, order, options, choose, shared.structure,
@@ -692,7 +694,7 @@ BALANCE_WEIGHTS = (1.0, 4.0, 16.0, 64.0, 256.0)
 
 
 def _balanced(graph: Graph, num_devices: int, plan: Plan, options: SearchOptions,
-              shared: "_Shared") -> Plan:
+              shared: "_Shared", small_weights: tuple[frozenset, float]) -> Plan:
     """``plan`` if its devices hold at most ``options.balance`` times the ideal (its memory
     estimate against 1/k of everything it counts), else the first plan within that found
     at the weights :data:`BALANCE_WEIGHTS` (which price the bytes a device stores above an
@@ -702,7 +704,7 @@ def _balanced(graph: Graph, num_devices: int, plan: Plan, options: SearchOptions
         return plan
     for weight in BALANCE_WEIGHTS:
         found = _candidates(graph, num_devices, dataclasses.replace(options, memory_weight=weight),
-                            None, shared)[0]
+                            None, shared, small_weights)[0]
         if found.memory[0].total <= options.balance * ideal:
             return found
     return plan
