@@ -16,6 +16,8 @@ What the package offers:
   (the built-in descriptions, each checked against MXNet's kernel).
 - :mod:`tofu_mx.gluon`: partition a Gluon ``HybridBlock`` and train
   it with its ``Trainer``.
+- :mod:`tofu_mx.sim`: the simulator's machine presets and cost formulas (the simulation
+  itself is not built yet).
 - :mod:`tofu_mx.cli` (``python -m tofu_mx``, or ``tofu-mx``), :mod:`tofu_mx.models` (the
   paper's models as Symbol builders), :func:`summarize`, and the graph import/export and
   rewrite in :mod:`nnvm_passes`.
@@ -61,7 +63,7 @@ _LAZY = {
     "frontier": "tofu_mx.runtime.partitioned",
 }
 _SUBMODULES = ("models", "devices", "values", "summary", "verification", "cli", "tdl", "ops",
-               "search", "runtime", "gluon")
+               "search", "runtime", "gluon", "sim")
 
 
 def __getattr__(name: str):

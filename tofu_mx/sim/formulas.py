@@ -1,0 +1,51 @@
+"""The simulator's cost formulas: small named functions of a :class:`~tofu_mx.sim.Machine`,
+each a closed form tested on hand-computed cases.
+
+- :func:`compute_time`: one operator on one device, by the roofline: its launch, then the
+  longer of its FLOPs at the device's peak and its bytes at the device's memory bandwidth.
+- :func:`transfer_time`: bytes from one device to another (or to host memory) over the link
+  the transfer crosses: the link's latency, then the bytes at its bandwidth.
+- :func:`ring_all_reduce_time`: the ring all-reduce of a buffer over a set of devices (what
+  data parallelism pays for its gradients): ``2 (n - 1)`` steps, each moving ``1/n`` of the
+  buffer over every link of the ring at once, so each step takes as long as its slowest link.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from tofu_mx import arguments
+from tofu_mx.errors import InvalidArgumentError
+from tofu_mx.sim.machine import Link, Machine
+
+
+def compute_time(flops: float, nbytes: float, machine: Machine) -> float:
+    """Seconds one operator of ``flops`` floating-point operations that reads and writes
+    ``nbytes`` of device memory takes on one of ``machine``'s devices."""
+    flops = arguments.real(flops, "flops", minimum=0)
+    nbytes = arguments.real(nbytes, "nbytes", minimum=0)
+    return machine.launch + max(flops / machine.flops, nbytes / machine.memory_bandwidth)
+
+
+def transfer_time(nbytes: float, link: Link) -> float:
+    """Seconds ``nbytes`` take over ``link`` (nothing for no bytes: no transfer is made)."""
+    nbytes = arguments.real(nbytes, "nbytes", minimum=0)
+    return 0.0 if nbytes == 0 else link.latency + nbytes / link.bandwidth
+
+
+def ring_all_reduce_time(nbytes: float, machine: Machine, devices: Sequence[int]) -> float:
+    """Seconds a ring all-reduce of an ``nbytes`` buffer over ``devices`` (in ring order)
+    takes on ``machine``."""
+    nbytes = arguments.real(nbytes, "nbytes", minimum=0)
+    devices = list(devices)
+    if len(set(devices)) != len(devices):
+        raise InvalidArgumentError(f"the ring {devices} visits a device twice; give each "
+                                   f"device once")
+    n = len(devices)
+    if n < 2 or nbytes == 0:
+        return 0.0
+    slowest = max((machine.link(a, b) for a, b in zip(devices, devices[1:] + devices[:1])),
+                  key=lambda link: transfer_time(nbytes / n, link))
+    return 2 * (n - 1) * transfer_time(nbytes / n, slowest)
+
+
+__all__ = ["compute_time", "ring_all_reduce_time", "transfer_time"]

@@ -1,0 +1,129 @@
+"""Modelled machines: devices with their memory and speed, and the links between them.
+
+A :class:`Machine` is what the simulator needs of the hardware, and no more: per device its
+memory, its peak float32 FLOP/s, its memory bandwidth and the fixed cost of launching one
+operator; between devices the links a transfer crosses. Devices sit in groups (a PCIe switch,
+an NVLink domain): two devices of one group talk over ``peer``, two of different groups over
+``bridge`` (the host bridge, or the slower path between NVLink quads), and every device
+reaches host memory over ``host``. A transfer crossing a link costs its latency plus its bytes
+over its bandwidth (:func:`tofu_mx.sim.formulas.transfer_time`).
+
+The presets (:data:`PRESETS`, :func:`machine`) take the devices' figures from the vendors'
+data sheets (peak float32 FLOP/s, memory bandwidth, memory); the links' achieved bandwidths
+and the latencies are assumptions (about 80% of the nominal), not measured here. Each
+preset states where its numbers come from. A machine measured on this computer (``cpu``) comes with the calibration, which
+is not built yet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tofu_mx import arguments
+from tofu_mx.errors import InvalidArgumentError
+
+GiB = 1 << 30
+GB = 10 ** 9
+
+
+@dataclass(frozen=True)
+class Link:
+    """One direction of a connection: ``bandwidth`` bytes per second, and ``latency`` seconds
+    for each transfer."""
+
+    bandwidth: float
+    latency: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "bandwidth", arguments.real(
+            self.bandwidth, "Link.bandwidth", minimum=0, strict=True,
+            example="bandwidth=12e9 (bytes per second)"))
+        object.__setattr__(self, "latency", arguments.real(
+            self.latency, "Link.latency", minimum=0, example="latency=10e-6 (seconds)"))
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A machine of ``num_devices`` alike devices (see the module's docstring)."""
+
+    name: str
+    num_devices: int
+    memory: int                 # bytes per device
+    flops: float                # peak float32 FLOP/s per device
+    memory_bandwidth: float     # bytes per second per device
+    launch: float               # seconds to launch one operator on a device
+    group_size: int             # devices per group (PCIe switch, NVLink domain)
+    peer: Link                  # between two devices of one group
+    bridge: Link                # between devices of different groups
+    host: Link                  # between a device and host memory
+    source: str = ""            # where the figures come from
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "num_devices", arguments.count(self.num_devices, "Machine.num_devices"))
+        set_(self, "memory", arguments.count(self.memory, "Machine.memory"))
+        for field, example in (("flops", "flops=14e12"), ("memory_bandwidth",
+                                                          "memory_bandwidth=900e9")):
+            set_(self, field, arguments.real(getattr(self, field), f"Machine.{field}",
+                                             minimum=0, strict=True, example=example))
+        set_(self, "launch", arguments.real(self.launch, "Machine.launch", minimum=0,
+                                            example="launch=5e-6 (seconds)"))
+        set_(self, "group_size", arguments.count(self.group_size, "Machine.group_size"))
+        if self.num_devices % self.group_size:
+            raise InvalidArgumentError(
+                f"Machine {self.name!r}: {self.num_devices} devices do not make groups of "
+                f"{self.group_size}; give a group size that divides the device count (e.g. "
+                f"group_size={self.num_devices} for one NVLink domain)")
+        for field in ("peer", "bridge", "host"):
+            if not isinstance(getattr(self, field), Link):
+                raise InvalidArgumentError(
+                    f"Machine.{field} must be a tofu_mx.sim.Link, got "
+                    f"{arguments.show(getattr(self, field))}; e.g. Link(12e9, 10e-6)")
+
+    def link(self, a: int, b: int) -> Link:
+        """The link a transfer from device ``a`` to device ``b`` crosses (the slowest on its
+        way): ``peer`` within a group, ``bridge`` between groups."""
+        for d in (a, b):
+            arguments.count(d, "device", minimum=0, maximum=self.num_devices - 1)
+        if a == b:
+            raise InvalidArgumentError(f"a transfer from device {a} to itself crosses no link")
+        return self.peer if a // self.group_size == b // self.group_size else self.bridge
+
+
+def _pcie3() -> Link:
+    return Link(12 * GB, 10e-6)
+
+
+#: The preset machines, by name (see :func:`machine`).
+PRESETS: dict[str, Machine] = {m.name: m for m in (
+    Machine("8xV100-16GB-PCIe", 8, 16 * GiB, 14.0e12, 900 * GB, 5e-6, 4,
+            peer=Link(10 * GB, 10e-6), bridge=Link(8 * GB, 15e-6), host=_pcie3(),
+            source="Tesla V100 PCIe data sheet (14 TFLOP/s float32, 900 GB/s, 16 GB); two "
+                   "PCIe 3.0 x16 switches of 4 GPUs; links assumed, not measured here: 10 GB/s "
+                   "peer-to-peer within a switch, 8 GB/s across the host bridge, 12 GB/s to "
+                   "host (of 15.75 GB/s nominal)"),
+    Machine("8xV100-32GB-NVLink", 8, 32 * GiB, 15.7e12, 900 * GB, 5e-6, 4,
+            peer=Link(45 * GB, 5e-6), bridge=Link(22 * GB, 5e-6), host=_pcie3(),
+            source="Tesla V100 SXM2 data sheet (15.7 TFLOP/s float32, 900 GB/s, 32 GB); DGX-1's "
+                   "hybrid cube-mesh simplified, links assumed: two NVLinks (45 GB/s of 50 "
+                   "nominal) within a quad, one (22 GB/s) between quads"),
+    Machine("8xA100-40GB-NVLink", 8, 40 * GiB, 19.5e12, 1555 * GB, 5e-6, 8,
+            peer=Link(240 * GB, 5e-6), bridge=Link(240 * GB, 5e-6), host=Link(24 * GB, 10e-6),
+            source="A100 SXM4 40GB data sheet (19.5 TFLOP/s float32, 1,555 GB/s); NVSwitch, "
+                   "300 GB/s nominal per direction, 240 GB/s assumed achieved; PCIe 4.0 host"),
+    Machine("8xH100-80GB-NVLink", 8, 80 * GiB, 67e12, 3350 * GB, 4e-6, 8,
+            peer=Link(360 * GB, 4e-6), bridge=Link(360 * GB, 4e-6), host=Link(50 * GB, 10e-6),
+            source="H100 SXM5 data sheet (67 TFLOP/s float32, 3.35 TB/s, 80 GB); NVSwitch, "
+                   "450 GB/s nominal per direction, 360 GB/s assumed achieved; PCIe 5.0 host"),
+)}
+
+
+def machine(name: str) -> Machine:
+    """The preset called ``name`` (:data:`PRESETS`)."""
+    if not isinstance(name, str) or name not in PRESETS:
+        raise InvalidArgumentError(
+            f"no machine preset called {arguments.show(name)}; the presets are "
+            f"{', '.join(sorted(PRESETS))}, or build your own with tofu_mx.sim.Machine(...)")
+    return PRESETS[name]
+
+
+__all__ = ["GB", "GiB", "Link", "Machine", "PRESETS", "machine"]
