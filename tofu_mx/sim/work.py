@@ -1,0 +1,132 @@
+"""What one operator costs a device, read from its TDL description: its floating-point
+operations and the bytes it reads and writes (the inputs of :func:`formulas.compute_time`).
+
+The description already says what each output element is; its FLOPs are counted on that
+expression, so no operator is known here by name:
+
+- an arithmetic operation, a comparison, or a function call (``exp``, ``rsqrt``) is one;
+- a reduction (``Sum``, ``Max``) adds one accumulation per element it reduces;
+- reading a tensor, a constant or an index costs nothing;
+
+and each operation is counted once per distinct value of the index variables beneath it, as
+a kernel computes it: BatchNorm's mean over (batch, height, width) is summed once per
+channel, not once per output element. A fully connected layer of
+batch B, I inputs and O outputs with a bias is ``B O (2 I + 1)``. The bytes are every input
+read once and every output written once (the roofline's memory traffic). Operators without
+a description (opaque ones) are not costed here: :func:`operator_work` gives None.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from nnvm_passes.ir import Graph
+from tofu_mx.tdl.annotate import described
+from tofu_mx.tdl.lang import (Access, Affine, Bin, Cmp, Const, DataIndex, Depends, Expr,
+                              IndexValue, InRange, Reduce, Unary, Where, index_nodes)
+from tofu_mx.tdl.registry import TDLError, Traced
+
+
+@dataclass(frozen=True)
+class Work:
+    """One operator's forward work: ``flops`` and the ``nbytes`` it reads and writes."""
+
+    flops: float
+    nbytes: int
+
+
+def expression_flops(expr: Expr, extents: Mapping[str, int]) -> float:
+    """FLOPs of evaluating ``expr`` at every value of the index variables it depends on
+    (see the module's docstring); ``extents``: every variable's extent. A subexpression
+    the expression holds twice (the same object) is computed once."""
+    return _Counter(extents).count(expr)[0]
+
+
+class _Counter:
+    """Each node costs its own operation once per distinct value of the variables its
+    subtree reads; ``count`` gives ``(FLOPs, free variables)``."""
+
+    def __init__(self, extents: Mapping[str, int]):
+        self.extents, self.seen = dict(extents), {}
+
+    def count(self, expr: Expr) -> tuple[float, frozenset]:
+        if id(expr) in self.seen:          # computed once already: its value is reused
+            return 0.0, self.seen[id(expr)][1]
+        found = self._count(expr)
+        self.seen[id(expr)] = (expr, found[1])   # the object kept alive: its id stays its own
+        return found
+
+    def _count(self, expr: Expr) -> tuple[float, frozenset]:
+        if isinstance(expr, Const):
+            return 0.0, frozenset()
+        if isinstance(expr, IndexValue):
+            return self.indices([expr.index])
+        if isinstance(expr, Access):
+            return self.indices(expr.indices)
+        if isinstance(expr, Depends):
+            return self.count(expr.value)
+        if isinstance(expr, Reduce):
+            self.extents.update((v.name, e) for v, e in zip(expr.vars, expr.extents)
+                                if e is not None)
+            flops, free = self.count(expr.body)
+            names = frozenset(v.name for v in expr.vars)
+            return flops + self.times(free | names), free - names
+        if isinstance(expr, Where):
+            parts = [self.condition(expr.cond), self.count(expr.a), self.count(expr.b)]
+        elif isinstance(expr, Bin):
+            parts = [self.count(expr.a), self.count(expr.b)]
+        elif isinstance(expr, Unary):
+            parts = [self.count(expr.a)]
+        else:
+            raise TDLError(f"cannot count the FLOPs of {type(expr).__name__} {expr!r}")
+        free = frozenset().union(*(v for _, v in parts))
+        return sum(f for f, _ in parts) + self.times(free), free
+
+    def condition(self, cond: Cmp | InRange) -> tuple[float, frozenset]:
+        if isinstance(cond, InRange):
+            flops, free = self.indices([cond.index])
+            return flops + self.times(free), free
+        (fa, va), (fb, vb) = self.count(cond.a), self.count(cond.b)
+        return fa + fb + self.times(va | vb), va | vb
+
+    def indices(self, indices) -> tuple[float, frozenset]:
+        """The variables index expressions read (and the FLOPs of data-dependent ones)."""
+        flops, free = 0.0, set()
+        for i in index_nodes(indices):
+            if isinstance(i, Affine):
+                free.update(name for name, _ in i.terms)
+            elif isinstance(i, DataIndex):
+                f, v = self.count(i.value)
+                flops += f
+                free |= v
+        return flops, frozenset(free)
+
+    def times(self, names: frozenset) -> float:
+        return float(math.prod(self.extents[n] for n in names))
+
+
+def traced_flops(traced: Traced) -> float:
+    """FLOPs of a traced description: every output's expression, its output variables
+    ranging over the output's shape."""
+    total = 0.0
+    for o in traced.outputs:
+        extents = {**traced.extents, **{v.name: n for v, n in zip(o.vars, o.shape)}}
+        total += expression_flops(o.expr, extents)
+    return total
+
+
+def operator_work(graph: Graph, index: int) -> Work | None:
+    """The forward work of operator ``index`` of ``graph``, or None when it has no
+    description."""
+    node = graph.nodes[index]
+    ins = [graph.tensor(e) for e in node.inputs]
+    found = described(node.op, node.attrs, [t.shape for t in ins],
+                      [t.shape for t in node.outputs])
+    if found is None:
+        return None
+    nbytes = sum(t.nbytes for t in ins) + sum(t.nbytes for t in node.outputs)
+    return Work(traced_flops(found[1]), nbytes)
+
+
+__all__ = ["Work", "expression_flops", "operator_work", "traced_flops"]
