@@ -1,17 +1,20 @@
-"""The simulator (issue 16, in progress): modelled machines and the cost formulas a
-simulated training step is made of.
+"""The simulator (issue 16, in progress): one training step on a modelled machine.
 
-Built so far: :class:`Machine` and :class:`Link` (a machine's devices and links),
-the presets (:func:`machine`, :data:`PRESETS`), the formulas of
-:mod:`tofu_mx.sim.formulas` (an operator's roofline time, a transfer, a ring all-reduce),
-and an operator's forward FLOPs and bytes counted on its TDL description
-(:func:`operator_work`). Not built yet: the backward pass's work, the schedule of a
-partitioned graph with liveness and overlap, the strategies, the ``cpu`` preset and its
-calibration, ``simulate()`` and ``bench/paper.py``.
+Built so far: :class:`Machine` and :class:`Link` (a machine's devices and links), the
+presets (:func:`machine`, :data:`PRESETS`), the formulas of :mod:`tofu_mx.sim.formulas` (an
+operator's roofline time, a transfer, a ring all-reduce), an operator's forward FLOPs and
+bytes counted on its TDL description (:func:`operator_work`), a step's tasks on devices and
+links and their schedule (:mod:`tofu_mx.sim.schedule`), and :func:`simulate` with the
+``"ideal"`` and ``"tofu"`` strategies. Not built yet: the other strategies, mirroring's
+re-runs, liveness-based peak memory, the ``cpu`` preset and the calibration against measured
+times, and ``bench/paper.py``. Its predictions are not validated.
 """
 from tofu_mx.sim.formulas import compute_time, ring_all_reduce_time, transfer_time
 from tofu_mx.sim.machine import GB, GiB, PRESETS, Link, Machine, machine
+from tofu_mx.sim.schedule import Task, finish_times, step_tasks
+from tofu_mx.sim.simulate import STRATEGIES, SimResult, simulate
 from tofu_mx.sim.work import Work, operator_work
 
-__all__ = ["GB", "GiB", "Link", "Machine", "PRESETS", "Work", "compute_time", "machine",
-           "operator_work", "ring_all_reduce_time", "transfer_time"]
+__all__ = ["GB", "GiB", "Link", "Machine", "PRESETS", "STRATEGIES", "SimResult", "Task", "Work",
+           "compute_time", "finish_times", "machine", "operator_work", "ring_all_reduce_time",
+           "simulate", "step_tasks", "transfer_time"]

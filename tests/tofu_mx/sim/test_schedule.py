@@ -1,0 +1,91 @@
+"""tofu_mx.sim.schedule: tasks on a machine's resources, on hand-computed cases."""
+import mxnet as mx
+import pytest
+
+from nnvm_passes import import_symbol
+from tofu_mx import sim
+from tofu_mx.errors import InvalidArgumentError
+from tofu_mx.sim.schedule import Task, finish_times, step_tasks
+
+
+def test_tasks_on_different_resources_overlap_and_on_one_resource_queue():
+    """A (1 s on device 0), its value to device 1 (0.5 s), B on device 1 after it (1 s), C on
+    device 0 after A (2 s): C runs while the value crosses and B runs: all done at 3 s."""
+    tasks = [Task("A", ("device", 0), 1.0), Task("A->1", ("link", 0, 1), 0.5, (0,)),
+             Task("B", ("device", 1), 1.0, (1,)), Task("C", ("device", 0), 2.0, (0,))]
+    assert finish_times(tasks) == [1.0, 1.5, 2.5, 3.0]
+    # two values over one link queue; over the opposite direction they do not
+    tasks = [Task("A", ("device", 0), 1.0), Task("x", ("link", 0, 1), 2.0, (0,)),
+             Task("y", ("link", 0, 1), 2.0, (0,)), Task("z", ("link", 1, 0), 2.0)]
+    assert finish_times(tasks) == [1.0, 3.0, 5.0, 2.0]
+    with pytest.raises(ValueError, match="not given before it"):
+        finish_times([Task("A", ("device", 0), 1.0, (1,)), Task("B", ("device", 0), 1.0)])
+
+
+def two_device_graph():
+    """fc on dev0, relu and the loss on dev1."""
+    with mx.AttrScope(ctx_group="dev0"):
+        fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3, name="fc")
+    with mx.AttrScope(ctx_group="dev1"):
+        loss = mx.sym.MakeLoss(mx.sym.sum(mx.sym.relu(fc, name="relu"), name="total"),
+                               name="loss")
+    graph = import_symbol(loss, data=(4, 6))
+    return graph, lambda i: int(graph.nodes[i].ctx_group[3:])
+
+
+def test_a_step_crosses_devices_forward_and_sends_the_gradient_back():
+    graph, device_of = two_device_graph()
+    m = sim.machine("8xV100-16GB-PCIe")
+    tasks = step_tasks(graph, device_of, m)
+    assert [(t.name, t.resource) for t in tasks] == [
+        ("fc", ("device", 0)), ("fc->1", ("link", 0, 1)), ("relu", ("device", 1)),
+        ("total", ("device", 1)), ("loss", ("device", 1)),
+        ("dloss", ("device", 1)), ("dtotal", ("device", 1)), ("drelu", ("device", 1)),
+        ("dfc<-1", ("link", 1, 0)), ("dfc", ("device", 0))]
+    seconds = {t.name: t.seconds for t in tasks}
+    # the fc's output (4 x 3 float32) crosses the peer link both ways
+    assert seconds["fc->1"] == seconds["dfc<-1"] == pytest.approx(10e-6 + 48 / 10e9)
+    # fc: 4 * 3 * (2 * 6 + 1) FLOPs, 4 * (24 + 18 + 3 + 12) bytes, launch-bound on a V100
+    assert seconds["fc"] == pytest.approx(5e-6 + max(156 / 14e12, 228 / 900e9))
+    assert seconds["dfc"] == pytest.approx(5e-6 + max(2 * 156 / 14e12, 2 * 228 / 900e9))
+    # everything is one chain here: the step is the sum of its tasks
+    assert finish_times(tasks)[-1] == pytest.approx(sum(seconds.values()))
+    assert step_tasks(graph, device_of, m, backward=False) == tasks[:5]
+
+
+def test_one_device_moves_nothing():
+    graph, _ = two_device_graph()
+    tasks = step_tasks(graph, lambda i: 0, sim.machine("8xA100-40GB-NVLink"))
+    assert all(t.resource == ("device", 0) for t in tasks) and len(tasks) == 8
+
+
+def wide_layer():
+    fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=2048, name="fc")
+    return mx.sym.LinearRegressionOutput(fc, name="loss"), dict(data=(512, 2048),
+                                                               loss_label=(512, 2048))
+
+
+def test_tofu_on_two_devices_beats_one_on_a_compute_bound_layer():
+    """A 2048 x 2048 layer on a batch of 512, on a slow-compute machine with fast links: two
+    devices share the work, so the step takes well under one device's."""
+    m = sim.Machine("slow", 2, 1 << 40, 1e11, 1e12, 1e-6, 2, sim.Link(1e12, 1e-6),
+                    sim.Link(1e12, 1e-6), sim.Link(1e10, 1e-6))
+    sym, shapes = wide_layer()
+    ideal = sim.simulate(sym, m, "ideal", **shapes)
+    tofu = sim.simulate(sym, m, "tofu", **shapes)
+    assert ideal.fits and tofu.fits and len(tofu.peak_memory) == 2
+    assert tofu.step_time < 0.7 * ideal.step_time
+    assert ideal.throughput == pytest.approx(512 / ideal.step_time)
+    # fits: against the device's memory
+    small = sim.Machine("small", 2, 1 << 20, 1e11, 1e12, 1e-6, 2, sim.Link(1e12, 1e-6),
+                        sim.Link(1e12, 1e-6), sim.Link(1e10, 1e-6))
+    assert not sim.simulate(sym, small, "tofu", **shapes).fits
+    assert sim.simulate(sym, small, "ideal", **shapes).fits      # unlimited memory
+
+
+def test_simulate_refuses_what_it_cannot_do_clearly():
+    sym, shapes = wide_layer()
+    with pytest.raises(InvalidArgumentError, match="no strategy 'swap'.*ideal, tofu"):
+        sim.simulate(sym, sim.machine("8xV100-16GB-PCIe"), "swap", **shapes)
+    with pytest.raises(InvalidArgumentError, match="machine must be a tofu_mx.sim.Machine"):
+        sim.simulate(sym, "8xV100-16GB-PCIe", **shapes)

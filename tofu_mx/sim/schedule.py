@@ -1,0 +1,134 @@
+"""One training step as tasks on a machine's resources, and the time they take.
+
+:func:`step_tasks` turns a graph whose nodes carry ctx groups (the partitioned Symbol's shard
+graph, or an unpartitioned one on one device) into tasks:
+
+- each operator is a compute task on its device, timed by the roofline of its work
+  (:func:`tofu_mx.sim.work.operator_work`; an operator without a description by its bytes);
+- each value read on another device than its maker's is a transfer on the link between them,
+  once per value and destination (as MXNet copies it);
+- the backward pass mirrors the forward one: each operator that carries a gradient is a task
+  on its device costing ``BACKWARD_RATIO`` times its forward work, after its own forward task
+  and the backward tasks of its readers; a gradient crossing devices is a transfer back.
+
+:func:`finish_times` runs them in order: each resource (a device's compute, one direction of
+a link) runs one task at a time, in the order given, and a task starts once its resource is
+free and the tasks it waits for are done. Compute and transfers on different resources
+overlap, as MXNet's engine overlaps a device's kernels with its copies.
+
+Not modelled yet: operators the rewrite marks to run again in the backward pass (mirroring),
+the optimizer's update, several links sharing one switch, and the engine's own overheads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from nnvm_passes.ir import Entry, Graph
+from tofu_mx.search.structure import needs_grad_of
+from tofu_mx.sim.formulas import compute_time, transfer_time
+from tofu_mx.sim.machine import Machine
+from tofu_mx.sim.work import operator_work
+
+#: the backward pass of an operator against its forward work (a matrix product's gradient is
+#: two products as large: one for its input, one for its weight)
+BACKWARD_RATIO = 2.0
+
+
+@dataclass(frozen=True)
+class Task:
+    """``seconds`` of work on ``resource`` (``("device", d)`` or ``("link", src, dst)``),
+    started once the tasks at positions ``after`` are done."""
+
+    name: str
+    resource: tuple
+    seconds: float
+    after: tuple[int, ...] = ()
+
+
+def finish_times(tasks: Sequence[Task]) -> list[float]:
+    """When each task finishes (see the module's docstring); tasks wait only for tasks
+    given before them."""
+    free: dict[tuple, float] = {}
+    done: list[float] = []
+    for k, task in enumerate(tasks):
+        if any(not 0 <= a < k for a in task.after):
+            raise ValueError(f"task {task.name!r} waits for a task not given before it: "
+                             f"{task.after}")
+        start = max([free.get(task.resource, 0.0)] + [done[a] for a in task.after])
+        done.append(start + task.seconds)
+        free[task.resource] = done[-1]
+    return done
+
+
+def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
+               backward: bool = True) -> list[Task]:
+    """The tasks of one training step of ``graph`` on ``machine`` (forward, then, with
+    ``backward``, the backward pass); ``device_of(node)``: the device an operator node runs
+    on."""
+    tasks: list[Task] = []
+    forward: dict[int, int] = {}               # operator node -> its forward task
+    sent: dict[tuple[Entry, int], int] = {}    # (value, destination) -> its transfer task
+    readers: dict[int, list[tuple[int, Entry]]] = {}
+    ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
+    for i in ops:
+        d, after = device_of(i), []
+        for e in graph.nodes[i].inputs:
+            if graph.nodes[e.node].is_variable:
+                continue
+            readers.setdefault(e.node, []).append((i, e))
+            src = device_of(e.node)
+            if src == d:
+                after.append(forward[e.node])
+                continue
+            if (e, d) not in sent:
+                tasks.append(Task(f"{graph.nodes[e.node].name}->{d}", ("link", src, d),
+                                  transfer_time(graph.tensor(e).nbytes, machine.link(src, d)),
+                                  (forward[e.node],)))
+                sent[(e, d)] = len(tasks) - 1
+            after.append(sent[(e, d)])
+        tasks.append(Task(graph.nodes[i].name, ("device", d), _seconds(graph, i, machine, 1.0),
+                          tuple(after)))
+        forward[i] = len(tasks) - 1
+    if not backward:
+        return tasks
+    grads = needs_grad_of(graph)
+    back: dict[int, int] = {}
+    returned: dict[tuple[Entry, int], int] = {}   # (value, reader's device) -> gradient sent
+    for i in reversed(ops):
+        node = graph.nodes[i]
+        if not any(grads[(i, j)] for j in range(len(node.outputs))):
+            continue
+        d, after = device_of(i), [forward[i]]
+        for reader, e in readers.get(i, ()):
+            if reader not in back or not grads[(e.node, e.index)]:
+                continue
+            src = device_of(reader)
+            if src == d:
+                after.append(back[reader])
+                continue
+            if (e, src) not in returned:    # the reading device's gradient sum, sent back
+                gathered = tuple(back[r] for r, x in readers[i] if x == e and r in back and
+                                 device_of(r) == src)
+                tasks.append(Task(f"d{node.name}<-{src}", ("link", src, d),
+                                  transfer_time(graph.tensor(e).nbytes, machine.link(src, d)),
+                                  gathered))
+                returned[(e, src)] = len(tasks) - 1
+            after.append(returned[(e, src)])
+        tasks.append(Task(f"d{node.name}", ("device", d),
+                          _seconds(graph, i, machine, BACKWARD_RATIO), tuple(sorted(set(after)))))
+        back[i] = len(tasks) - 1
+    return tasks
+
+
+def _seconds(graph: Graph, i: int, machine: Machine, ratio: float) -> float:
+    work = operator_work(graph, i)
+    node = graph.nodes[i]
+    if work is None:     # no description: its bytes alone
+        nbytes = sum(graph.tensor(e).nbytes for e in node.inputs) + \
+            sum(t.nbytes for t in node.outputs)
+        return compute_time(0.0, ratio * nbytes, machine)
+    return compute_time(ratio * work.flops, ratio * work.nbytes, machine)
+
+
+__all__ = ["BACKWARD_RATIO", "Task", "finish_times", "step_tasks"]
