@@ -5,8 +5,8 @@ presets (:func:`machine`, :data:`PRESETS`), the formulas of :mod:`tofu_mx.sim.fo
 operator's roofline time, a transfer, a ring all-reduce), an operator's forward FLOPs and
 bytes counted on its TDL description (:func:`operator_work`), a step's tasks on devices and
 links and their schedule (:mod:`tofu_mx.sim.schedule`), and :func:`simulate` with the
-``"ideal"`` and ``"tofu"`` strategies. Not built yet: the other strategies, mirroring's
-re-runs, liveness-based peak memory, the ``cpu`` preset and the calibration against measured
+``"ideal"``, ``"data_parallel"``, ``"tofu"`` and ``"tofu-memory"`` strategies. Not built yet:
+``"swap"`` and ``"placement"``, mirroring's re-runs, liveness-based peak memory, the ``cpu`` preset and the calibration against measured
 times, and ``bench/paper.py``. Its predictions are not validated.
 """
 from tofu_mx.sim.formulas import compute_time, ring_all_reduce_time, transfer_time

@@ -1,4 +1,6 @@
 """tofu_mx.sim.schedule: tasks on a machine's resources, on hand-computed cases."""
+import math
+
 import mxnet as mx
 import pytest
 
@@ -85,7 +87,38 @@ def test_tofu_on_two_devices_beats_one_on_a_compute_bound_layer():
 
 def test_simulate_refuses_what_it_cannot_do_clearly():
     sym, shapes = wide_layer()
-    with pytest.raises(InvalidArgumentError, match="no strategy 'swap'.*ideal, tofu"):
+    with pytest.raises(InvalidArgumentError, match="no strategy 'swap'.*ideal, tofu, "):
         sim.simulate(sym, sim.machine("8xV100-16GB-PCIe"), "swap", **shapes)
     with pytest.raises(InvalidArgumentError, match="machine must be a tofu_mx.sim.Machine"):
         sim.simulate(sym, "8xV100-16GB-PCIe", **shapes)
+
+
+def machines():
+    """Slow compute and fast links; ``big`` holds the layer whole, ``small`` (1 MiB) does not."""
+    def make(name, memory):
+        return sim.Machine(name, 2, memory, 1e11, 1e12, 1e-6, 2, sim.Link(1e12, 1e-6),
+                           sim.Link(1e12, 1e-6), sim.Link(1e10, 1e-6))
+    return make("big", 1 << 40), make("small", 1 << 20)
+
+
+def test_data_parallelism_is_a_share_of_the_batch_then_a_gradient_all_reduce():
+    big, small = machines()
+    sym, shapes = wide_layer()
+    dp = sim.simulate(sym, big, "data_parallel", **shapes)
+    half = sim.simulate(sym, big, "ideal", data=(256, 2048), loss_label=(256, 2048))
+    weights = 4 * (2048 * 2048 + 2048)
+    assert dp.step_time == pytest.approx(half.step_time +
+                                         sim.ring_all_reduce_time(weights, big, [0, 1]))
+    assert dp.fits and dp.peak_memory == (half.peak_memory[0],) * 2
+    assert dp.throughput == pytest.approx(512 / dp.step_time)
+    assert not sim.simulate(sym, small, "data_parallel", **shapes).fits   # 16 MiB of weights
+
+
+def test_the_memory_constrained_plan_fits_or_says_it_cannot():
+    big, small = machines()
+    sym, shapes = wide_layer()
+    fitted = sim.simulate(sym, big, "tofu-memory", **shapes)
+    assert fitted.fits and math.isfinite(fitted.step_time)
+    none = sim.simulate(sym, small, "tofu-memory", **shapes)
+    assert not none.fits and none.step_time == math.inf and none.throughput == 0
+    assert min(none.peak_memory) > small.memory      # the smallest footprint found
