@@ -2,7 +2,8 @@
 each a closed form tested on hand-computed cases.
 
 - :func:`compute_time`: one operator on one device, by the roofline: its launch, then the
-  longer of its FLOPs at the device's peak and its bytes at the device's memory bandwidth.
+  longer of its FLOPs at the rate the device reaches for it (its peak, or less where the
+  machine measured less for that operator) and its bytes at the device's memory bandwidth.
 - :func:`transfer_time`: bytes from one device to another (or to host memory) over the link
   the transfer crosses: the link's latency, then the bytes at its bandwidth.
 - :func:`ring_all_reduce_time`: the ring all-reduce of a buffer over a set of devices (what
@@ -18,12 +19,13 @@ from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.sim.machine import Link, Machine
 
 
-def compute_time(flops: float, nbytes: float, machine: Machine) -> float:
+def compute_time(flops: float, nbytes: float, machine: Machine, op: str | None = None) -> float:
     """Seconds one operator of ``flops`` floating-point operations that reads and writes
-    ``nbytes`` of device memory takes on one of ``machine``'s devices."""
+    ``nbytes`` of device memory takes on one of ``machine``'s devices; ``op``: the MXNet
+    operator, for the FLOP/s it reaches there (:meth:`Machine.rate`)."""
     flops = arguments.real(flops, "flops", minimum=0)
     nbytes = arguments.real(nbytes, "nbytes", minimum=0)
-    return machine.launch + max(flops / machine.flops, nbytes / machine.memory_bandwidth)
+    return machine.launch + max(flops / machine.rate(op), nbytes / machine.memory_bandwidth)
 
 
 def transfer_time(nbytes: float, link: Link) -> float:

@@ -10,9 +10,9 @@ over its bandwidth (:func:`tofu_mx.sim.formulas.transfer_time`).
 
 The presets (:data:`PRESETS`, :func:`machine`) take the devices' figures from the vendors'
 data sheets (peak float32 FLOP/s, memory bandwidth, memory); the links' achieved bandwidths
-and the latencies are assumptions (about 80% of the nominal), not measured here. Each
-preset states where its numbers come from. A machine measured on this computer (``cpu``) comes with the calibration, which
-is not built yet.
+and the latencies are assumptions (about 80% of the nominal), not measured here. The
+``cpu`` preset is this machine's two ``cpu(i)`` devices, fitted by ``bench/calibrate.py``.
+Each preset states where its numbers come from.
 """
 from __future__ import annotations
 
@@ -56,6 +56,9 @@ class Machine:
     bridge: Link                # between devices of different groups
     host: Link                  # between a device and host memory
     source: str = ""            # where the figures come from
+    shared_compute: bool = False   # the devices share one processor (MXNet's cpu(i) devices)
+    #: (operator, fraction of ``flops`` it reaches), measured where one falls short of the rest
+    efficiency: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -73,11 +76,21 @@ class Machine:
                 f"Machine {self.name!r}: {self.num_devices} devices do not make groups of "
                 f"{self.group_size}; give a group size that divides the device count (e.g. "
                 f"group_size={self.num_devices} for one NVLink domain)")
+        set_(self, "shared_compute", arguments.flag(self.shared_compute,
+                                                    "Machine.shared_compute"))
+        set_(self, "efficiency", tuple(
+            (op, arguments.real(e, f"Machine.efficiency[{op!r}]", minimum=0, strict=True,
+                                maximum=1, example="efficiency=(('Convolution', 0.2),)"))
+            for op, e in dict(self.efficiency).items()))
         for field in ("peer", "bridge", "host"):
             if not isinstance(getattr(self, field), Link):
                 raise InvalidArgumentError(
                     f"Machine.{field} must be a tofu_mx.sim.Link, got "
                     f"{arguments.show(getattr(self, field))}; e.g. Link(12e9, 10e-6)")
+
+    def rate(self, op: str | None = None) -> float:
+        """FLOP/s operator ``op`` reaches on one device (``flops`` times its efficiency)."""
+        return self.flops * dict(self.efficiency).get(op, 1.0)
 
     def link(self, a: int, b: int) -> Link:
         """The link a transfer from device ``a`` to device ``b`` crosses (the slowest on its
@@ -114,6 +127,12 @@ PRESETS: dict[str, Machine] = {m.name: m for m in (
             peer=Link(360 * GB, 4e-6), bridge=Link(360 * GB, 4e-6), host=Link(50 * GB, 10e-6),
             source="H100 SXM5 data sheet (67 TFLOP/s float32, 3.35 TB/s, 80 GB); NVSwitch, "
                    "450 GB/s nominal per direction, 360 GB/s assumed achieved; PCIe 5.0 host"),
+    Machine("cpu", 2, 24 * GiB, 70.1e9, 9.5 * GB, 22.4e-6, 2,
+            peer=Link(1.4 * GB, 64e-6), bridge=Link(1.4 * GB, 64e-6),
+            host=Link(1.4 * GB, 64e-6), shared_compute=True,
+            efficiency=(("Convolution", 0.65),),
+            source="this 2-core machine's cpu(0) and cpu(1), fitted by bench/calibrate.py on "
+                   "2026-11-23 (bench/results/calibration.md); the devices share the cores"),
 )}
 
 

@@ -14,7 +14,9 @@ graph, or an unpartitioned one on one device) into tasks:
 :func:`finish_times` runs them in order: each resource (a device's compute, one direction of
 a link) runs one task at a time, in the order given, and a task starts once its resource is
 free and the tasks it waits for are done. Compute and transfers on different resources
-overlap, as MXNet's engine overlaps a device's kernels with its copies.
+overlap, as MXNet's engine overlaps a device's kernels with its copies; on a machine whose
+devices share one processor (``Machine.shared_compute``: MXNet's ``cpu(i)`` devices) every
+operator runs on that one.
 
 Not modelled yet: operators the rewrite marks to run again in the backward pass (mirroring),
 the optimizer's update, several links sharing one switch, and the engine's own overheads.
@@ -87,8 +89,8 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
                                   (forward[e.node],)))
                 sent[(e, d)] = len(tasks) - 1
             after.append(sent[(e, d)])
-        tasks.append(Task(graph.nodes[i].name, ("device", d), _seconds(graph, i, machine, 1.0),
-                          tuple(after)))
+        tasks.append(Task(graph.nodes[i].name, _processor(machine, d),
+                          _seconds(graph, i, machine, 1.0), tuple(after)))
         forward[i] = len(tasks) - 1
     if not backward:
         return tasks
@@ -115,10 +117,15 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
                                   gathered))
                 returned[(e, src)] = len(tasks) - 1
             after.append(returned[(e, src)])
-        tasks.append(Task(f"d{node.name}", ("device", d),
+        tasks.append(Task(f"d{node.name}", _processor(machine, d),
                           _seconds(graph, i, machine, BACKWARD_RATIO), tuple(sorted(set(after)))))
         back[i] = len(tasks) - 1
     return tasks
+
+
+def _processor(machine: Machine, device: int) -> tuple:
+    """The resource a device's operators run on: its own, or the one shared processor."""
+    return ("device", 0 if machine.shared_compute else device)
 
 
 def _seconds(graph: Graph, i: int, machine: Machine, ratio: float) -> float:
@@ -128,7 +135,7 @@ def _seconds(graph: Graph, i: int, machine: Machine, ratio: float) -> float:
         nbytes = sum(graph.tensor(e).nbytes for e in node.inputs) + \
             sum(t.nbytes for t in node.outputs)
         return compute_time(0.0, ratio * nbytes, machine)
-    return compute_time(ratio * work.flops, ratio * work.nbytes, machine)
+    return compute_time(ratio * work.flops, ratio * work.nbytes, machine, node.op)
 
 
 __all__ = ["BACKWARD_RATIO", "Task", "finish_times", "step_tasks"]

@@ -25,6 +25,15 @@ def test_compute_time_is_the_launch_and_the_roofline():
     assert sim.compute_time(0, 0, m) == pytest.approx(1e-6)
 
 
+def test_an_operator_measured_slower_runs_at_its_own_rate():
+    m = toy(efficiency=(("Convolution", 0.25),))
+    assert m.rate("Convolution") == 0.25e12 and m.rate("FullyConnected") == m.rate() == 1e12
+    assert sim.compute_time(2e9, 0, m, "Convolution") == pytest.approx(1e-6 + 8e-3)
+    assert sim.compute_time(2e9, 0, m, "FullyConnected") == pytest.approx(1e-6 + 2e-3)
+    with pytest.raises(InvalidArgumentError, match="efficiency\\['Convolution'\\] must be"):
+        toy(efficiency=(("Convolution", 1.5),))
+
+
 def test_a_transfer_crosses_the_link_between_its_devices():
     m = toy()
     assert m.link(0, 1) == m.peer and m.link(2, 3) == m.peer
@@ -49,13 +58,15 @@ def test_ring_all_reduce_steps_at_its_slowest_link():
 
 def test_presets_describe_the_papers_machine_and_its_successors():
     assert sorted(sim.PRESETS) == ["8xA100-40GB-NVLink", "8xH100-80GB-NVLink",
-                                   "8xV100-16GB-PCIe", "8xV100-32GB-NVLink"]
+                                   "8xV100-16GB-PCIe", "8xV100-32GB-NVLink", "cpu"]
+    cpu = sim.machine("cpu")
+    assert cpu.shared_compute and "calibrate" in cpu.source and cpu.rate("Convolution") < cpu.flops
     v100 = sim.machine("8xV100-16GB-PCIe")
     assert v100.num_devices == 8 and v100.memory == 16 * GiB and v100.group_size == 4
     assert v100.link(0, 3) == v100.peer and v100.link(3, 4) == v100.bridge
     assert v100.bridge.bandwidth < v100.peer.bandwidth
     for m in sim.PRESETS.values():
-        assert m.source and m.num_devices == 8
+        assert m.source and m.num_devices == (2 if m.name == "cpu" else 8)
         assert m.bridge.bandwidth <= m.peer.bandwidth and m.host.bandwidth > 0
     # each generation is faster than the last
     order = ["8xV100-16GB-PCIe", "8xA100-40GB-NVLink", "8xH100-80GB-NVLink"]

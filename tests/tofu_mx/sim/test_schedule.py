@@ -1,4 +1,5 @@
 """tofu_mx.sim.schedule: tasks on a machine's resources, on hand-computed cases."""
+import dataclasses
 import math
 
 import mxnet as mx
@@ -53,6 +54,16 @@ def test_a_step_crosses_devices_forward_and_sends_the_gradient_back():
     # everything is one chain here: the step is the sum of its tasks
     assert finish_times(tasks)[-1] == pytest.approx(sum(seconds.values()))
     assert step_tasks(graph, device_of, m, backward=False) == tasks[:5]
+
+
+def test_devices_sharing_a_processor_run_one_operator_at_a_time():
+    graph, device_of = two_device_graph()
+    m = sim.machine("8xV100-16GB-PCIe")
+    shared = dataclasses.replace(m, shared_compute=True)
+    tasks = step_tasks(graph, device_of, shared)
+    assert {t.resource for t in tasks} == {("device", 0), ("link", 0, 1), ("link", 1, 0)}
+    a, b = Task("a", ("device", 0), 1.0), Task("b", ("device", 0), 1.0)
+    assert finish_times([a, b]) == [1.0, 2.0]      # independent, yet one after the other
 
 
 def test_one_device_moves_nothing():
