@@ -29,3 +29,14 @@ def place(graph: Graph, group_of: Callable[[Node], str]) -> Graph:
                 f"variable read on two devices: place its readers in one group")
         nodes[i] = nodes[i].replace(attrs=nodes[i].attrs.updated(__ctx_group__=groups[0]))
     return graph.replace(nodes=tuple(nodes))
+
+
+def placed_group(graph: Graph, index: int, default: str | None = None) -> str | None:
+    """The ctx group node ``index`` runs in, as MXNet places it: its own, or for an untagged
+    operator its first input's (``default`` for an untagged operator without inputs)."""
+    node = graph.nodes[index]
+    while node.ctx_group is None and not node.is_variable:
+        if not node.inputs:
+            return default
+        node = graph.nodes[node.inputs[0].node]
+    return node.ctx_group

@@ -51,6 +51,7 @@ bytes summed.
 from __future__ import annotations
 
 import colorsys
+import functools
 import html
 import os
 import shutil
@@ -65,6 +66,7 @@ import graphviz
 import numpy as np
 
 from nnvm_passes.ir import Graph
+from nnvm_passes.placement import placed_group
 from tofu_mx.errors import InvalidArgumentError, TofuError
 from tofu_mx.files import atomic_write_bytes, check_writable
 from tofu_mx.search.cost import intersect, volume
@@ -312,12 +314,7 @@ def cross_device_bytes(ptd: PartitionedSymbol) -> int:
     value read in another ctx group than its maker's, once per reading group (MXNet inserts
     one ``_CrossDeviceCopy`` per value and destination)."""
     graph = ptd.shard_graph
-
-    def group(i: int) -> str | None:   # an untagged operator runs with its first input
-        node = graph.nodes[i]
-        if node.ctx_group is None and not node.is_variable and node.inputs:
-            return group(node.inputs[0].node)
-        return node.ctx_group
+    group = functools.partial(placed_group, graph)
     copies = {(e, group(i)) for i, n in enumerate(graph.nodes) if not n.is_variable
               for e in n.inputs if group(e.node) != group(i)}
     return sum(graph.tensor(e).nbytes for e, _ in copies)

@@ -15,6 +15,7 @@ import numpy as np
 from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.importer import check_symbol, import_symbol
 from nnvm_passes.ir import Graph
+from nnvm_passes.placement import placed_group
 from nnvm_passes.rewrite import RewriteResult, VarShard, rewrite
 from tofu_mx import arguments
 from tofu_mx.devices import (check_available, check_contexts, group_name,
@@ -506,10 +507,7 @@ def _check_rewrite(ptd: PartitionedSymbol) -> None:
     if got != want:
         raise TofuError(f"internal: the partitioned graph's outputs have shapes {got}, the "
                         f"original's {want}")
-    def group(node):    # an untagged operator is placed with its first input (OpFacts),
-        if node.ctx_group is None and not node.is_variable:   # or on the default device
-            return group(graph.nodes[node.inputs[0].node]) if node.inputs else group_name(0)
-        return node.ctx_group
-    placed = [n.name for n in graph.nodes if group(n) not in ptd.group2ctx]
+    placed = [n.name for i, n in enumerate(graph.nodes)
+              if placed_group(graph, i, group_name(0)) not in ptd.group2ctx]
     if placed:
         raise TofuError(f"internal: nodes without a device group: {placed[:5]}")

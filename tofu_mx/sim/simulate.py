@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import mxnet as mx
 
 from nnvm_passes.ir import Graph
+from nnvm_passes.placement import placed_group
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.sim.formulas import ring_all_reduce_time
 from tofu_mx.sim.machine import Machine
@@ -73,7 +74,7 @@ def simulate(symbol: mx.sym.Symbol, machine: Machine, strategy: str = "tofu", *,
         return SimResult(strategy, machine.name, False, math.inf, 0.0, (e.footprint,) * k)
     graph = ptd.shard_graph
     index = {group: d for d, group in enumerate(ptd.group2ctx)}
-    step = _step_time(graph, lambda i: index.get(_group(graph, i), 0), machine)
+    step = _step_time(graph, lambda i: index.get(placed_group(graph, i), 0), machine)
     peak = tuple(m.total for m in ptd.memory_per_device())
     return SimResult(strategy, machine.name, strategy == "ideal" or max(peak) <= machine.memory,
                      step, _batch(ptd.graph) / step if step else math.inf, peak)
@@ -105,15 +106,6 @@ def _batch(graph: Graph) -> int:
     """Samples per step: the first axis of the first data input (1 without one)."""
     data = graph.variables("data")
     return data[0].outputs[0].shape[0] if data and data[0].outputs[0].shape else 1
-
-
-def _group(graph: Graph, i: int) -> str | None:
-    """An operator's ctx group; an untagged one runs where its first input is (as MXNet
-    places it)."""
-    node = graph.nodes[i]
-    while node.ctx_group is None and not node.is_variable and node.inputs:
-        node = graph.nodes[node.inputs[0].node]
-    return node.ctx_group
 
 
 __all__ = ["STRATEGIES", "SimResult", "simulate"]
