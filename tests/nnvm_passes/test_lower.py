@@ -107,4 +107,3 @@ def test_lowering_drops_unread_nodes_and_orders_them_as_mxnet():
     assert direct.nodes == via_json.nodes and direct.heads == via_json.heads
     names = [n.name for n in direct.nodes]
     assert "sq/unread" not in names and names.index("sq/a") < names.index("sq/b")
-
