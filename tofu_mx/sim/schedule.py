@@ -64,10 +64,14 @@ def finish_times(tasks: Sequence[Task]) -> list[float]:
 
 
 def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
-               backward: bool = True) -> list[Task]:
+               backward: bool = True,
+               op_seconds: Callable[[int], tuple[float, float]] | None = None) -> list[Task]:
     """The tasks of one training step of ``graph`` on ``machine`` (forward, then, with
     ``backward``, the backward pass); ``device_of(node)``: the device an operator node runs
-    on."""
+    on; ``op_seconds(node)``: its forward and backward seconds, when known otherwise (measured)
+    than by the roofline."""
+    timed = op_seconds or (lambda i: (_seconds(graph, i, machine, 1.0),
+                                      _seconds(graph, i, machine, BACKWARD_RATIO)))
     tasks: list[Task] = []
     forward: dict[int, int] = {}               # operator node -> its forward task
     sent: dict[tuple[Entry, int], int] = {}    # (value, destination) -> its transfer task
@@ -90,7 +94,7 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
                 sent[(e, d)] = len(tasks) - 1
             after.append(sent[(e, d)])
         tasks.append(Task(graph.nodes[i].name, _processor(machine, d),
-                          _seconds(graph, i, machine, 1.0), tuple(after)))
+                          timed(i)[0], tuple(after)))
         forward[i] = len(tasks) - 1
     if not backward:
         return tasks
@@ -118,7 +122,7 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
                 returned[(e, src)] = len(tasks) - 1
             after.append(returned[(e, src)])
         tasks.append(Task(f"d{node.name}", _processor(machine, d),
-                          _seconds(graph, i, machine, BACKWARD_RATIO), tuple(sorted(set(after)))))
+                          timed(i)[1], tuple(sorted(set(after)))))
         back[i] = len(tasks) - 1
     return tasks
 
