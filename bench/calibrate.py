@@ -230,10 +230,9 @@ def by_operator(machine: sim.Machine, sym, shapes) -> list[tuple]:
 def with_measured_operators(machine: sim.Machine, graph, device_of) -> float:
     """The simulator's step with every operator's time measured alone (the roofline's error
     taken out): what is left is the schedule's and the transfers' error."""
-    from tofu_mx.sim.schedule import _seconds, step_tasks
+    from tofu_mx.sim.schedule import roofline_seconds, step_tasks
 
-    timed = Alone(graph).seconds(lambda i: (_seconds(graph, i, machine, 1.0),
-                                            _seconds(graph, i, machine, BACKWARD_RATIO)))
+    timed = Alone(graph).seconds(lambda i: roofline_seconds(graph, i, machine))
     return max(sim.finish_times(step_tasks(graph, device_of, machine, op_seconds=timed)))
 
 

@@ -70,8 +70,7 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
     ``backward``, the backward pass); ``device_of(node)``: the device an operator node runs
     on; ``op_seconds(node)``: its forward and backward seconds, when known otherwise (measured)
     than by the roofline."""
-    timed = op_seconds or (lambda i: (_seconds(graph, i, machine, 1.0),
-                                      _seconds(graph, i, machine, BACKWARD_RATIO)))
+    timed = op_seconds or (lambda i: roofline_seconds(graph, i, machine))
     tasks: list[Task] = []
     forward: dict[int, int] = {}               # operator node -> its forward task
     sent: dict[tuple[Entry, int], int] = {}    # (value, destination) -> its transfer task
@@ -127,6 +126,12 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
     return tasks
 
 
+def roofline_seconds(graph: Graph, i: int, machine: Machine) -> tuple[float, float]:
+    """Operator ``i``'s forward and backward seconds on ``machine``, by the roofline of its
+    work (the backward pass at ``BACKWARD_RATIO`` times it)."""
+    return _seconds(graph, i, machine, 1.0), _seconds(graph, i, machine, BACKWARD_RATIO)
+
+
 def _processor(machine: Machine, device: int) -> tuple:
     """The resource a device's operators run on: its own, or the one shared processor."""
     return ("device", 0 if machine.shared_compute else device)
@@ -142,4 +147,4 @@ def _seconds(graph: Graph, i: int, machine: Machine, ratio: float) -> float:
     return compute_time(ratio * work.flops, ratio * work.nbytes, machine, node.op)
 
 
-__all__ = ["BACKWARD_RATIO", "Task", "finish_times", "step_tasks"]
+__all__ = ["BACKWARD_RATIO", "Task", "finish_times", "roofline_seconds", "step_tasks"]
