@@ -176,7 +176,7 @@ class Alone:
     MXNet cannot bind it alone."""
 
     def __init__(self, graph):
-        self.graph, self.times = graph, {}
+        self.graph, self.times, self.losses = graph, {}, {}
 
     def step(self, i: int) -> float | None:
         from tofu_mx.tdl.registry import single_op_symbol
@@ -190,12 +190,17 @@ class Alone:
                 op = single_op_symbol(node.op, dict(key[1]), len(ins), len(node.outputs))
                 total = median_step(mx.sym.make_loss(mx.sym.sum(op[0])).simple_bind(
                     mx.cpu(0), grad_req="write", **dict(zip(op.list_arguments(), ins))), 5)
-                loss = median_step(mx.sym.make_loss(mx.sym.sum(mx.sym.var("x"))).simple_bind(
-                    mx.cpu(0), grad_req="write", x=node.outputs[0].shape), 5)
-                self.times[key] = max(total - loss, 0.0)
+                self.times[key] = max(total - self.loss(node.outputs[0].shape), 0.0)
             except Exception:   # noqa: BLE001  (an operator MXNet cannot bind alone)
                 self.times[key] = None
         return self.times[key]
+
+    def loss(self, shape) -> float:
+        """The step of the loss an operator's output is summed into (once per shape)."""
+        if shape not in self.losses:
+            self.losses[shape] = median_step(mx.sym.make_loss(mx.sym.sum(
+                mx.sym.var("x"))).simple_bind(mx.cpu(0), grad_req="write", x=shape), 5)
+        return self.losses[shape]
 
     def seconds(self, fallback):
         """``op_seconds`` for :func:`step_tasks`: measured, else ``fallback(i)``."""

@@ -30,7 +30,7 @@ from nnvm_passes.ir import Entry, Graph
 from tofu_mx.search.structure import needs_grad_of
 from tofu_mx.sim.formulas import compute_time, transfer_time
 from tofu_mx.sim.machine import Machine
-from tofu_mx.sim.work import operator_work
+from tofu_mx.sim.work import operator_bytes, operator_work
 
 #: the backward pass of an operator against its forward work (a matrix product's gradient is
 #: two products as large: one for its input, one for its weight)
@@ -128,23 +128,20 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
 
 def roofline_seconds(graph: Graph, i: int, machine: Machine) -> tuple[float, float]:
     """Operator ``i``'s forward and backward seconds on ``machine``, by the roofline of its
-    work (the backward pass at ``BACKWARD_RATIO`` times it)."""
-    return _seconds(graph, i, machine, 1.0), _seconds(graph, i, machine, BACKWARD_RATIO)
+    work (the backward pass at ``BACKWARD_RATIO`` times it); an operator without a
+    description by its bytes alone."""
+    work = operator_work(graph, i)
+    if work is None:
+        flops, nbytes, op = 0.0, operator_bytes(graph, i), None
+    else:
+        flops, nbytes, op = work.flops, work.nbytes, graph.nodes[i].op
+    return (compute_time(flops, nbytes, machine, op),
+            compute_time(BACKWARD_RATIO * flops, BACKWARD_RATIO * nbytes, machine, op))
 
 
 def _processor(machine: Machine, device: int) -> tuple:
     """The resource a device's operators run on: its own, or the one shared processor."""
     return ("device", 0 if machine.shared_compute else device)
-
-
-def _seconds(graph: Graph, i: int, machine: Machine, ratio: float) -> float:
-    work = operator_work(graph, i)
-    node = graph.nodes[i]
-    if work is None:     # no description: its bytes alone
-        nbytes = sum(graph.tensor(e).nbytes for e in node.inputs) + \
-            sum(t.nbytes for t in node.outputs)
-        return compute_time(0.0, ratio * nbytes, machine)
-    return compute_time(ratio * work.flops, ratio * work.nbytes, machine, node.op)
 
 
 __all__ = ["BACKWARD_RATIO", "Task", "finish_times", "roofline_seconds", "step_tasks"]

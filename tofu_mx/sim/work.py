@@ -125,8 +125,14 @@ def operator_work(graph: Graph, index: int) -> Work | None:
                       [t.shape for t in node.outputs])
     if found is None:
         return None
-    nbytes = sum(t.nbytes for t in ins) + sum(t.nbytes for t in node.outputs)
-    return Work(traced_flops(found[1]), nbytes)
+    return Work(traced_flops(found[1]), operator_bytes(graph, index))
 
 
-__all__ = ["Work", "expression_flops", "operator_work", "traced_flops"]
+def operator_bytes(graph: Graph, index: int) -> int:
+    """Bytes operator ``index`` reads and writes: each input once, each output once."""
+    node = graph.nodes[index]
+    return sum(graph.tensor(e).nbytes for e in node.inputs) + \
+        sum(t.nbytes for t in node.outputs)
+
+
+__all__ = ["Work", "expression_flops", "operator_bytes", "operator_work", "traced_flops"]
