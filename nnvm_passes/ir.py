@@ -12,6 +12,7 @@ import ast
 import copy
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -121,11 +122,16 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+        return self.size * _itemsize(self.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
 
 
 @dataclass(frozen=True)

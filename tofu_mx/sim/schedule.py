@@ -11,9 +11,10 @@ graph, or an unpartitioned one on one device) into tasks:
   on its device costing ``BACKWARD_RATIO`` times its forward work, after its own forward task
   and the backward tasks of its readers; a gradient crossing devices is a transfer back.
 
-:func:`finish_times` runs them in order: each resource (a device's compute, one direction of
-a link) runs one task at a time, in the order given, and a task starts once its resource is
-free and the tasks it waits for are done. Compute and transfers on different resources
+:func:`finish_times` runs them as MXNet's engine does: a task is ready once the tasks it
+waits for are done; each resource (a device's compute, one direction of a link) runs one
+task at a time, always the one ready first (ties: the one given first), and never idles
+while a task of its own is ready. Compute and transfers on different resources
 overlap, as MXNet's engine overlaps a device's kernels with its copies; on a machine whose
 devices share one processor (``Machine.shared_compute``: MXNet's ``cpu(i)`` devices) every
 operator runs on that one.
@@ -23,6 +24,7 @@ the optimizer's update, several links sharing one switch, and the engine's own o
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -51,15 +53,32 @@ class Task:
 def finish_times(tasks: Sequence[Task]) -> list[float]:
     """When each task finishes (see the module's docstring); tasks wait only for tasks
     given before them."""
-    free: dict[tuple, float] = {}
-    done: list[float] = []
+    waiting = [len(set(task.after)) for task in tasks]
+    readers: list[list[int]] = [[] for _ in tasks]
     for k, task in enumerate(tasks):
         if any(not 0 <= a < k for a in task.after):
             raise ValueError(f"task {task.name!r} waits for a task not given before it: "
                              f"{task.after}")
-        start = max([free.get(task.resource, 0.0)] + [done[a] for a in task.after])
-        done.append(start + task.seconds)
-        free[task.resource] = done[-1]
+        for a in set(task.after):
+            readers[a].append(k)
+    free: dict[tuple, float] = {}
+    ready = [0.0] * len(tasks)
+    done = [0.0] * len(tasks)
+    queue = [(0.0, k) for k, n in enumerate(waiting) if n == 0]
+    heapq.heapify(queue)
+    while queue:
+        start, k = heapq.heappop(queue)
+        resource = tasks[k].resource
+        if start < free.get(resource, 0.0):      # its resource took an earlier-ready task
+            heapq.heappush(queue, (free[resource], k))
+            continue
+        done[k] = start + tasks[k].seconds
+        free[resource] = done[k]
+        for r in readers[k]:
+            ready[r] = max(ready[r], done[k])
+            waiting[r] -= 1
+            if not waiting[r]:
+                heapq.heappush(queue, (max(ready[r], free.get(tasks[r].resource, 0.0)), r))
     return done
 
 

@@ -17,15 +17,16 @@ a description (opaque ones) are not costed here: :func:`operator_work` gives Non
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from nnvm_passes.ir import Graph
+from nnvm_passes.ir import FrozenDict, Graph
 from tofu_mx.tdl.annotate import described
 from tofu_mx.tdl.lang import (Access, Affine, Bin, Cmp, Const, DataIndex, Depends, Expr,
                               IndexValue, InRange, Reduce, Unary, Where, index_nodes)
-from tofu_mx.tdl.registry import TDLError, Traced
+from tofu_mx.tdl.registry import TDLError, Traced, generation
 
 
 @dataclass(frozen=True)
@@ -120,12 +121,18 @@ def operator_work(graph: Graph, index: int) -> Work | None:
     """The forward work of operator ``index`` of ``graph``, or None when it has no
     description."""
     node = graph.nodes[index]
-    ins = [graph.tensor(e) for e in node.inputs]
-    found = described(node.op, node.attrs, [t.shape for t in ins],
-                      [t.shape for t in node.outputs])
-    if found is None:
-        return None
-    return Work(traced_flops(found[1]), operator_bytes(graph, index))
+    flops = _flops(node.op, node.attrs,
+                   tuple(graph.tensor(e).shape for e in node.inputs),
+                   tuple(t.shape for t in node.outputs), generation())
+    return None if flops is None else Work(flops, operator_bytes(graph, index))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _flops(op: str, attrs: FrozenDict, ins: tuple, outs: tuple,
+           _generation: int) -> float | None:
+    """A partitioned graph holds many alike shards: each is traced and counted once."""
+    found = described(op, attrs, ins, outs)
+    return None if found is None else traced_flops(found[1])
 
 
 def operator_bytes(graph: Graph, index: int) -> int:

@@ -25,6 +25,16 @@ def test_tasks_on_different_resources_overlap_and_on_one_resource_queue():
         finish_times([Task("A", ("device", 0), 1.0, (1,)), Task("B", ("device", 0), 1.0)])
 
 
+def test_a_device_runs_a_ready_task_before_one_given_earlier_that_waits():
+    """As MXNet's engine: B (given first) waits 6 s for its value; C, ready at once, runs in
+    the meantime on the same device; D, ready at 1 s like E, goes first as it was given
+    first."""
+    tasks = [Task("A", ("device", 0), 1.0), Task("A->1", ("link", 0, 1), 5.0, (0,)),
+             Task("B", ("device", 1), 1.0, (1,)), Task("C", ("device", 1), 1.0),
+             Task("D", ("device", 1), 2.0, (0,)), Task("E", ("device", 1), 1.0, (0,))]
+    assert finish_times(tasks) == [1.0, 6.0, 7.0, 1.0, 3.0, 4.0]
+
+
 def two_device_graph():
     """fc on dev0, relu and the loss on dev1."""
     with mx.AttrScope(ctx_group="dev0"):
