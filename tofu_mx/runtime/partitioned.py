@@ -12,7 +12,6 @@ from typing import Any, Mapping, Sequence
 import mxnet as mx
 import numpy as np
 
-from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.importer import check_symbol, import_symbol
 from nnvm_passes.ir import Graph
 from nnvm_passes.placement import placed_group
@@ -25,9 +24,9 @@ from tofu_mx.errors import (CheckpointError, InvalidArgumentError, NoFeasiblePla
 from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.runtime.frontier import FRONTIER_WEIGHTS, Frontier, fit_budget, pareto, trade_off
-from tofu_mx.search.cut import needs_grad_of
 from tofu_mx.search.plan import (Plan, SearchOptions, budgets_of, check_device_count,
                                  check_plan, lower_graph, plan_graph)
+from tofu_mx.sim.memory import held_at_forward_end
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph
 from tofu_mx.tdl.registry import lookup, registry_key
@@ -310,21 +309,9 @@ class PartitionedSymbol:
         (outputs some gradient node reads, as MXNet builds the gradients, on each device
         whose gradient nodes read them). Temporary buffers are not."""
         graph = self.shard_graph
-        kept = kept_for_backward(graph, needs_grad_of(graph))
         index = {g: i for i, g in enumerate(self.group2ctx)}
-        rows = [dict(weights=0, gradients=0, aux=0, inputs=0, activations=0)
-                for _ in self.contexts]
-        for i, node in enumerate(graph.nodes):
-            if node.is_variable:
-                d, nbytes = index[node.ctx_group], node.outputs[0].nbytes
-                key = {"param": "weights", "aux": "aux"}.get(node.kind, "inputs")
-                rows[d][key] += nbytes
-                if node.kind == "param":
-                    rows[d]["gradients"] += nbytes
-                continue
-            for j, t in enumerate(node.outputs):
-                for d in {index[graph.nodes[r].ctx_group] for r in kept[(i, j)]}:
-                    rows[d]["activations"] += t.nbytes
+        rows = held_at_forward_end(graph, lambda i: index[placed_group(graph, i)],
+                                   len(self.contexts))
         return [DeviceMemory(str(c), **r) for c, r in zip(self.contexts, rows)]
 
     @property

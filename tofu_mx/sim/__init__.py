@@ -1,23 +1,32 @@
-"""The simulator (issue 16, in progress): one training step on a modelled machine.
+"""The simulator: one training step on a modelled machine, by strategy (issue 16).
 
-Built so far: :class:`Machine` and :class:`Link` (a machine's devices and links), the
-presets (:func:`machine`, :data:`PRESETS`: four 8-GPU machines and this computer's ``cpu``
-devices, fitted by ``bench/calibrate.py``), the formulas of :mod:`tofu_mx.sim.formulas` (an
-operator's roofline time, a transfer, a ring all-reduce), an operator's forward FLOPs and
-bytes counted on its TDL description (:func:`operator_work`), a step's tasks on devices and
-links and their schedule (:mod:`tofu_mx.sim.schedule`), and :func:`simulate` with the
-``"ideal"``, ``"data_parallel"``, ``"tofu"`` and ``"tofu-memory"`` strategies.
+- :class:`Machine` and :class:`Link`: a machine's devices and links; the presets
+  (:func:`machine`, :data:`PRESETS`): four 8-GPU machines and this computer's ``cpu``
+  devices, fitted by ``bench/calibrate.py``;
+- :mod:`tofu_mx.sim.formulas`: an operator's roofline time, a transfer, swapping to host
+  memory, a ring all-reduce;
+- :func:`operator_work`: an operator's forward FLOPs and bytes, counted on its TDL
+  description;
+- :mod:`tofu_mx.sim.schedule`: a step's tasks on devices and links, run as MXNet's engine
+  runs them;
+- :mod:`tofu_mx.sim.memory`: what each device holds, at the end of the forward pass and at
+  its peak (liveness);
+- :func:`place_operators`: the operator-placement alternative;
+- :func:`simulate` with the strategies :data:`STRATEGIES`.
 
-Not built yet: ``"swap"`` and ``"placement"``, mirroring's re-runs, liveness-based peak
-memory, per-operator cost fits (the calibration misses convolutions on this CPU by 3x:
-bench/results/calibration.md), and ``bench/paper.py``.
+Not modelled: the operators mirroring runs again in the backward pass, per-operator cost
+fits beyond one efficiency per operator (the calibration: bench/results/calibration.md),
+several links sharing one switch.
 """
-from tofu_mx.sim.formulas import compute_time, ring_all_reduce_time, transfer_time
+from tofu_mx.sim.formulas import compute_time, ring_all_reduce_time, swap_time, transfer_time
 from tofu_mx.sim.machine import GB, GiB, PRESETS, Link, Machine, machine
+from tofu_mx.sim.memory import held_at_forward_end, peak_memory
+from tofu_mx.sim.placement import place_operators
 from tofu_mx.sim.schedule import Task, finish_times, step_tasks
 from tofu_mx.sim.simulate import STRATEGIES, SimResult, simulate
 from tofu_mx.sim.work import Work, operator_work
 
 __all__ = ["GB", "GiB", "Link", "Machine", "PRESETS", "STRATEGIES", "SimResult", "Task", "Work",
-           "compute_time", "finish_times", "machine", "operator_work", "ring_all_reduce_time",
-           "simulate", "step_tasks", "transfer_time"]
+           "compute_time", "finish_times", "held_at_forward_end", "machine", "operator_work",
+           "peak_memory", "place_operators", "ring_all_reduce_time", "simulate", "step_tasks",
+           "swap_time", "transfer_time"]

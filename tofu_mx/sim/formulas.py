@@ -6,6 +6,8 @@ each a closed form tested on hand-computed cases.
   machine measured less for that operator) and its bytes at the device's memory bandwidth.
 - :func:`transfer_time`: bytes from one device to another (or to host memory) over the link
   the transfer crosses: the link's latency, then the bytes at its bandwidth.
+- :func:`swap_time`: bytes every device moves to and from host memory at once, where
+  ``Machine.host_shared`` devices share each host link, so one link carries all of theirs.
 - :func:`ring_all_reduce_time`: the ring all-reduce of a buffer over a set of devices (what
   data parallelism pays for its gradients): ``2 (n - 1)`` steps, each moving ``1/n`` of the
   buffer over every link of the ring at once, so each step takes as long as its slowest link.
@@ -34,6 +36,13 @@ def transfer_time(nbytes: float, link: Link) -> float:
     return 0.0 if nbytes == 0 else link.latency + nbytes / link.bandwidth
 
 
+def swap_time(nbytes: float, machine: Machine) -> float:
+    """Seconds every device of ``machine`` takes to move ``nbytes`` (each) over the host links
+    at once."""
+    nbytes = arguments.real(nbytes, "nbytes", minimum=0)
+    return transfer_time(machine.host_shared * nbytes, machine.host)
+
+
 def ring_all_reduce_time(nbytes: float, machine: Machine, devices: Sequence[int]) -> float:
     """Seconds a ring all-reduce of an ``nbytes`` buffer over ``devices`` (in ring order)
     takes on ``machine``."""
@@ -50,4 +59,4 @@ def ring_all_reduce_time(nbytes: float, machine: Machine, devices: Sequence[int]
     return 2 * (n - 1) * transfer_time(nbytes / n, slowest)
 
 
-__all__ = ["compute_time", "ring_all_reduce_time", "transfer_time"]
+__all__ = ["compute_time", "ring_all_reduce_time", "swap_time", "transfer_time"]

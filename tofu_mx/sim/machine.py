@@ -59,6 +59,7 @@ class Machine:
     shared_compute: bool = False   # the devices share one processor (MXNet's cpu(i) devices)
     #: (operator, fraction of ``flops`` it reaches), measured where one falls short of the rest
     efficiency: tuple[tuple[str, float], ...] = ()
+    host_shared: int = 1        # devices sharing one ``host`` link (a PCIe switch's uplink)
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -76,6 +77,11 @@ class Machine:
                 f"Machine {self.name!r}: {self.num_devices} devices do not make groups of "
                 f"{self.group_size}; give a group size that divides the device count (e.g. "
                 f"group_size={self.num_devices} for one NVLink domain)")
+        set_(self, "host_shared", arguments.count(self.host_shared, "Machine.host_shared"))
+        if self.num_devices % self.host_shared:
+            raise InvalidArgumentError(
+                f"Machine {self.name!r}: {self.num_devices} devices do not share host links "
+                f"{self.host_shared} each; give a number that divides the device count")
         set_(self, "shared_compute", arguments.flag(self.shared_compute,
                                                     "Machine.shared_compute"))
         set_(self, "efficiency", tuple(
@@ -109,20 +115,23 @@ def _pcie3() -> Link:
 #: The preset machines, by name (see :func:`machine`).
 PRESETS: dict[str, Machine] = {m.name: m for m in (
     Machine("8xV100-16GB-PCIe", 8, 16 * GiB, 14.0e12, 900 * GB, 5e-6, 4,
-            peer=Link(10 * GB, 10e-6), bridge=Link(8 * GB, 15e-6), host=_pcie3(),
+            peer=Link(10 * GB, 10e-6), bridge=Link(8 * GB, 15e-6), host=_pcie3(), host_shared=4,
             source="Tesla V100 PCIe data sheet (14 TFLOP/s float32, 900 GB/s, 16 GB); two "
-                   "PCIe 3.0 x16 switches of 4 GPUs; links assumed, not measured here: 10 GB/s "
-                   "peer-to-peer within a switch, 8 GB/s across the host bridge, 12 GB/s to "
-                   "host (of 15.75 GB/s nominal)"),
+                   "PCIe 3.0 x16 switches of 4 GPUs, each switch one x16 link to the host; "
+                   "links assumed, not measured here: 10 GB/s peer-to-peer within a switch, "
+                   "8 GB/s across the host bridge, 12 GB/s to host (of 15.75 GB/s nominal)"),
     Machine("8xV100-32GB-NVLink", 8, 32 * GiB, 15.7e12, 900 * GB, 5e-6, 4,
-            peer=Link(45 * GB, 5e-6), bridge=Link(22 * GB, 5e-6), host=_pcie3(),
+            peer=Link(45 * GB, 5e-6), bridge=Link(22 * GB, 5e-6), host=_pcie3(), host_shared=2,
             source="Tesla V100 SXM2 data sheet (15.7 TFLOP/s float32, 900 GB/s, 32 GB); DGX-1's "
                    "hybrid cube-mesh simplified, links assumed: two NVLinks (45 GB/s of 50 "
-                   "nominal) within a quad, one (22 GB/s) between quads"),
+                   "nominal) within a quad, one (22 GB/s) between quads; two GPUs per PCIe "
+                   "switch to the host"),
     Machine("8xA100-40GB-NVLink", 8, 40 * GiB, 19.5e12, 1555 * GB, 5e-6, 8,
             peer=Link(240 * GB, 5e-6), bridge=Link(240 * GB, 5e-6), host=Link(24 * GB, 10e-6),
+            host_shared=2,
             source="A100 SXM4 40GB data sheet (19.5 TFLOP/s float32, 1,555 GB/s); NVSwitch, "
-                   "300 GB/s nominal per direction, 240 GB/s assumed achieved; PCIe 4.0 host"),
+                   "300 GB/s nominal per direction, 240 GB/s assumed achieved; PCIe 4.0 host, "
+                   "two GPUs per switch"),
     Machine("8xH100-80GB-NVLink", 8, 80 * GiB, 67e12, 3350 * GB, 4e-6, 8,
             peer=Link(360 * GB, 4e-6), bridge=Link(360 * GB, 4e-6), host=Link(50 * GB, 10e-6),
             source="H100 SXM5 data sheet (67 TFLOP/s float32, 3.35 TB/s, 80 GB); NVSwitch, "

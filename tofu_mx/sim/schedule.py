@@ -5,11 +5,13 @@ graph, or an unpartitioned one on one device) into tasks:
 
 - each operator is a compute task on its device, timed by the roofline of its work
   (:func:`tofu_mx.sim.work.operator_work`; an operator without a description by its bytes);
-- each value read on another device than its maker's is a transfer on the link between them,
-  once per value and destination (as MXNet copies it);
+- each value read on another device than its maker's (an operator's output, or a variable
+  placed elsewhere) is a transfer on the link between them, once per value and destination
+  (as MXNet copies it);
 - the backward pass mirrors the forward one: each operator that carries a gradient is a task
   on its device costing ``BACKWARD_RATIO`` times its forward work, after its own forward task
-  and the backward tasks of its readers; a gradient crossing devices is a transfer back.
+  and the backward tasks of its readers; a gradient crossing devices is a transfer back (a
+  weight's too, summed on each reading device first).
 
 :func:`finish_times` runs them as MXNet's engine does: a task is ready once the tasks it
 waits for are done; each resource (a device's compute, one direction of a link) runs one
@@ -17,7 +19,8 @@ task at a time, always the one ready first (ties: the one given first), and neve
 while a task of its own is ready. Compute and transfers on different resources
 overlap, as MXNet's engine overlaps a device's kernels with its copies; on a machine whose
 devices share one processor (``Machine.shared_compute``: MXNet's ``cpu(i)`` devices) every
-operator runs on that one.
+operator, and every copy between devices (a copy in memory, made by the processor), runs on
+that one.
 
 Not modelled yet: operators the rewrite marks to run again in the backward pass (mirroring),
 the optimizer's update, several links sharing one switch, and the engine's own overheads.
@@ -89,7 +92,7 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
     ``backward``, the backward pass); ``device_of(node)``: the device an operator node runs
     on; ``op_seconds(node)``: its forward and backward seconds, when known otherwise (measured)
     than by the roofline."""
-    timed = op_seconds or (lambda i: roofline_seconds(graph, i, machine))
+    timed = op_seconds or _alike_once(graph, lambda i: roofline_seconds(graph, i, machine))
     tasks: list[Task] = []
     forward: dict[int, int] = {}               # operator node -> its forward task
     sent: dict[tuple[Entry, int], int] = {}    # (value, destination) -> its transfer task
@@ -98,17 +101,16 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
     for i in ops:
         d, after = device_of(i), []
         for e in graph.nodes[i].inputs:
-            if graph.nodes[e.node].is_variable:
-                continue
             readers.setdefault(e.node, []).append((i, e))
-            src = device_of(e.node)
+            src, made = device_of(e.node), forward.get(e.node)
             if src == d:
-                after.append(forward[e.node])
+                if made is not None:
+                    after.append(made)
                 continue
             if (e, d) not in sent:
-                tasks.append(Task(f"{graph.nodes[e.node].name}->{d}", ("link", src, d),
+                tasks.append(Task(f"{graph.nodes[e.node].name}->{d}", _carrier(machine, src, d),
                                   transfer_time(graph.tensor(e).nbytes, machine.link(src, d)),
-                                  (forward[e.node],)))
+                                  () if made is None else (made,)))
                 sent[(e, d)] = len(tasks) - 1
             after.append(sent[(e, d)])
         tasks.append(Task(graph.nodes[i].name, _processor(machine, d),
@@ -134,7 +136,7 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
             if (e, src) not in returned:    # the reading device's gradient sum, sent back
                 gathered = tuple(back[r] for r, x in readers[i] if x == e and r in back and
                                  device_of(r) == src)
-                tasks.append(Task(f"d{node.name}<-{src}", ("link", src, d),
+                tasks.append(Task(f"d{node.name}<-{src}", _carrier(machine, src, d),
                                   transfer_time(graph.tensor(e).nbytes, machine.link(src, d)),
                                   gathered))
                 returned[(e, src)] = len(tasks) - 1
@@ -142,6 +144,19 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
         tasks.append(Task(f"d{node.name}", _processor(machine, d),
                           timed(i)[1], tuple(sorted(set(after)))))
         back[i] = len(tasks) - 1
+    for v, node in enumerate(graph.nodes):      # weights' gradients summed where read
+        if node.kind != "param" or not grads[(v, 0)]:
+            continue
+        by_device: dict[int, list[int]] = {}
+        for reader, _ in readers.get(v, ()):
+            if reader in back:
+                by_device.setdefault(device_of(reader), []).append(back[reader])
+        for src, gathered in by_device.items():
+            if src != device_of(v):
+                tasks.append(Task(f"d{node.name}<-{src}", _carrier(machine, src, device_of(v)),
+                                  transfer_time(node.outputs[0].nbytes,
+                                                machine.link(src, device_of(v))),
+                                  tuple(gathered)))
     return tasks
 
 
@@ -158,9 +173,29 @@ def roofline_seconds(graph: Graph, i: int, machine: Machine) -> tuple[float, flo
             compute_time(BACKWARD_RATIO * flops, BACKWARD_RATIO * nbytes, machine, op))
 
 
+def _alike_once(graph: Graph, seconds: Callable[[int], tuple[float, float]]):
+    """``seconds``, computed once for operators alike (the same operator, attributes, input
+    and output shapes and types): a partitioned graph holds many alike shards."""
+    known: dict[tuple, tuple[float, float]] = {}
+
+    def timed(i: int) -> tuple[float, float]:
+        node = graph.nodes[i]
+        key = (node.op, node.attrs, tuple(graph.tensor(e) for e in node.inputs), node.outputs)
+        if key not in known:
+            known[key] = seconds(i)
+        return known[key]
+    return timed
+
+
 def _processor(machine: Machine, device: int) -> tuple:
     """The resource a device's operators run on: its own, or the one shared processor."""
     return ("device", 0 if machine.shared_compute else device)
+
+
+def _carrier(machine: Machine, src: int, dst: int) -> tuple:
+    """The resource a copy from ``src`` to ``dst`` takes: one direction of their link, or,
+    where the devices share one processor (``cpu(i)``), that processor, which copies."""
+    return ("device", 0) if machine.shared_compute else ("link", src, dst)
 
 
 __all__ = ["BACKWARD_RATIO", "Task", "finish_times", "roofline_seconds", "step_tasks"]

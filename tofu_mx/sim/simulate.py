@@ -1,41 +1,62 @@
 """``simulate()``: one training step of a Symbol on a modelled machine, by strategy.
 
 - ``"ideal"``: one device with unlimited memory (it always fits), every operator on it;
-- ``"tofu"``: the default plan over the machine's devices; the graph simulated is the
-  partitioned Symbol ``partition()`` really produces (its shard graph, with every
-  conversion), not the plan's byte count;
-- ``"tofu-memory"``: the plan moving the fewest bytes that fits the machine's memory
-  (``partition(memory_budget=machine.memory)``); when none fits, the result does not fit,
-  with the smallest footprint found on every device;
 - ``"data_parallel"``: every device runs the whole graph on its share of the batch (the
   first axis of every data and label input, split as evenly as it goes), then the
   gradients are summed by a ring all-reduce over all devices, after the backward pass (not
   overlapped with it). It does not fit when the whole model and a share of the batch do
-  not fit one device.
+  not fit one device;
+- ``"swap"``: data parallelism, each device moving to host memory and back what exceeds its
+  memory, in the spirit of SwapAdvisor: every step, each device sends out and fetches back
+  its peak's excess over its memory, ``host_shared`` devices sharing a host link
+  (:func:`~tofu_mx.sim.formulas.swap_time`). The swapping is taken to overlap the compute
+  perfectly (the step is the longer of the two, then the all-reduce): an upper bound of
+  its speed. It does not fit when one operator's working set (its inputs and outputs, and
+  their gradients), or one weight's update (the weight, its gradient and its optimizer
+  state), does not fit a device;
+- ``"placement"``: every operator whole on one device, placed by
+  :func:`~tofu_mx.sim.placement.place_operators` (critical-path list scheduling under the
+  devices' memory); the cap is lowered (by 5% at least) and the placement made again (up
+  to ``3 RETRIES`` times) while the placed graph's peak exceeds the memory;
+- ``"tofu"``: the default plan over the machine's devices; the graph simulated is the
+  partitioned Symbol ``partition()`` really produces (its shard graph, with every
+  conversion), not the plan's byte count;
+- ``"tofu-memory"``: the plan moving the fewest bytes that fits the machine's memory
+  (``partition(memory_budget=...)``); as the plan counts what a device holds at the end of
+  the forward pass and the simulation its peak, the budget is lowered (up to ``RETRIES``
+  times) while the peak exceeds the memory. When no plan fits, the result does not fit,
+  with the smallest footprint found on every device.
 
-Per device, ``peak_memory`` is what :meth:`PartitionedSymbol.memory_per_device` counts
-(weights, gradients, aux states, inputs, the activations the backward pass keeps: what a
-device holds at the end of the forward pass); temporary buffers and optimizer state are not
-counted yet. The step time is :func:`tofu_mx.sim.schedule.finish_times` of the step's tasks.
-Not built yet: ``"swap"`` and ``"placement"``.
+Per device, ``peak_memory`` is :func:`tofu_mx.sim.memory.peak_memory` of the graph run:
+weights, gradients, the optimizer's state (``options.optimizer_state`` bytes per weight
+byte), aux states, inputs, and the operators' outputs by liveness over the step. The step
+time is :func:`tofu_mx.sim.schedule.finish_times` of the step's tasks.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import mxnet as mx
 
 from nnvm_passes.ir import Graph
 from nnvm_passes.placement import placed_group
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
-from tofu_mx.sim.formulas import ring_all_reduce_time
+from tofu_mx.search.plan import SearchOptions
+from tofu_mx.sim.formulas import ring_all_reduce_time, swap_time
 from tofu_mx.sim.machine import Machine
+from tofu_mx.sim.memory import peak_memory
+from tofu_mx.sim.placement import place_operators
 from tofu_mx.sim.schedule import finish_times, step_tasks
+from tofu_mx.sim.work import operator_bytes
+from tofu_mx.summary import format_bytes
+from tofu_mx.tdl.annotate import import_graph
 
 #: the strategies :func:`simulate` knows
-STRATEGIES = ("ideal", "tofu", "tofu-memory", "data_parallel")
+STRATEGIES = ("ideal", "data_parallel", "swap", "placement", "tofu", "tofu-memory")
+#: how many times ``"placement"`` and ``"tofu-memory"`` lower their cap to fit the peak
+RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -45,17 +66,17 @@ class SimResult:
     strategy: str
     machine: str
     fits: bool                      # every device's peak memory within the machine's
-    step_time: float                # seconds
+    step_time: float                # seconds (inf when it does not fit at all)
     throughput: float               # samples per second
     peak_memory: tuple[int, ...]    # bytes per device
+    note: str = ""                  # for display: why it does not fit, what it swaps
 
 
 def simulate(symbol: mx.sym.Symbol, machine: Machine, strategy: str = "tofu", *,
-             options=None, dtypes: Mapping[str, Any] | None = None, **shapes) -> SimResult:
+             options: SearchOptions | None = None, dtypes: Mapping[str, Any] | None = None,
+             **shapes) -> SimResult:
     """One training step of ``symbol`` (with input ``shapes`` as for ``partition``) on
     ``machine`` by ``strategy`` (see the module's docstring)."""
-    from tofu_mx.runtime.partitioned import partition
-
     if not isinstance(machine, Machine):
         raise InvalidArgumentError(f"machine must be a tofu_mx.sim.Machine, got "
                                    f"{type(machine).__name__}; e.g. "
@@ -63,42 +84,116 @@ def simulate(symbol: mx.sym.Symbol, machine: Machine, strategy: str = "tofu", *,
     if strategy not in STRATEGIES:
         raise InvalidArgumentError(f"no strategy {strategy!r}; simulate() knows "
                                    f"{', '.join(STRATEGIES)}")
-    if strategy == "data_parallel":
-        return _data_parallel(symbol, machine, options, dtypes, shapes)
-    k = 1 if strategy == "ideal" else machine.num_devices
-    budget = machine.memory if strategy == "tofu-memory" else None
-    try:
-        ptd = partition(symbol, [mx.cpu(i) for i in range(k)], options=options, dtypes=dtypes,
-                        memory_budget=budget, **shapes)
-    except NoFeasiblePlanError as e:
-        return SimResult(strategy, machine.name, False, math.inf, 0.0, (e.footprint,) * k)
-    graph = ptd.shard_graph
-    index = {group: d for d, group in enumerate(ptd.group2ctx)}
-    step = _step_time(graph, lambda i: index.get(placed_group(graph, i), 0), machine)
-    peak = tuple(m.total for m in ptd.memory_per_device())
-    return SimResult(strategy, machine.name, strategy == "ideal" or max(peak) <= machine.memory,
-                     step, _batch(ptd.graph) / step if step else math.inf, peak)
+    options = SearchOptions.of(options)
+    run = {"ideal": _ideal, "data_parallel": _data_parallel, "swap": _swap,
+           "placement": _placement, "tofu": _tofu, "tofu-memory": _tofu}[strategy]
+    return run(symbol, machine, strategy, options, dtypes, shapes)
 
 
-def _data_parallel(symbol, machine: Machine, options, dtypes, shapes) -> SimResult:
+def _ideal(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
+    graph = import_graph(symbol, dtypes=dtypes, **shapes)
+    peak = peak_memory(graph, lambda i: 0, 1, options.optimizer_state)
+    return _result(strategy, machine, graph, _step_time(graph, lambda i: 0, machine), peak,
+                   fits=True)
+
+
+def _data_parallel(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
+    whole, one, step, peak = _replica(symbol, machine, options, dtypes, shapes)
+    return _result(strategy, machine, whole, step + _all_reduce(one, machine),
+                   (peak,) * machine.num_devices)
+
+
+def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
+    whole, one, step, peak = _replica(symbol, machine, options, dtypes, shapes)
+    excess = max(0, peak - machine.memory)
+    k = machine.num_devices
+    working = _working_set(one, options.optimizer_state)
+    if working > machine.memory:
+        return SimResult(strategy, machine.name, False, math.inf, 0.0, (working,) * k,
+                         f"one operator's or one weight's update's working set takes "
+                         f"{format_bytes(working)} of {format_bytes(machine.memory)}")
+    step = max(step, swap_time(2 * excess, machine)) + _all_reduce(one, machine)
+    return _result(strategy, machine, whole, step, (min(peak, machine.memory),) * k,
+                   note=f"swaps {format_bytes(excess)} out and in per device and step"
+                   if excess else "swaps nothing")
+
+
+def _placement(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
+    graph = import_graph(symbol, dtypes=dtypes, **shapes)
+    k, cap = machine.num_devices, float(machine.memory)
+    for _ in range(3 * RETRIES + 1):          # a placement is quick to make again
+        devices = place_operators(graph, machine, cap, options.optimizer_state)
+        if devices is None:
+            return SimResult(strategy, machine.name, False, math.inf, 0.0, (0,) * k,
+                             f"no placement keeps every device within "
+                             f"{format_bytes(int(cap))} at the end of the forward pass")
+        peak = peak_memory(graph, devices.__getitem__, k, options.optimizer_state)
+        if max(peak) <= machine.memory:
+            break
+        cap *= min(0.95, machine.memory / max(peak))
+    step = _step_time(graph, devices.__getitem__, machine)
+    return _result(strategy, machine, graph, step, peak,
+                   note=f"{len(set(devices))} of {k} devices run operators")
+
+
+def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
     from tofu_mx.runtime.partitioned import partition
-    from tofu_mx.tdl.annotate import import_graph
 
+    k = machine.num_devices
+    budget = machine.memory if strategy == "tofu-memory" else None
+    for _ in range(RETRIES + 1):
+        try:
+            ptd = partition(symbol, [mx.cpu(i) for i in range(k)], options=options,
+                            dtypes=dtypes, memory_budget=budget, **shapes)
+        except NoFeasiblePlanError as e:
+            return SimResult(strategy, machine.name, False, math.inf, 0.0, (e.footprint,) * k,
+                             "no plan fits the memory")
+        graph = ptd.shard_graph
+        index = {group: d for d, group in enumerate(ptd.group2ctx)}
+        device_of = [index.get(placed_group(graph, i), 0)
+                     for i in range(len(graph.nodes))].__getitem__
+        peak = peak_memory(graph, device_of, k, options.optimizer_state)
+        if budget is None or max(peak) <= machine.memory:
+            break
+        budget = int(budget * machine.memory / max(peak))
+    return _result(strategy, machine, ptd.graph, _step_time(graph, device_of, machine), peak)
+
+
+def _replica(symbol, machine: Machine, options, dtypes, shapes):
+    """The whole graph, one device's replica on its share of the batch, the replica's step
+    (without the all-reduce) and its peak."""
     k = machine.num_devices
     whole = import_graph(symbol, dtypes=dtypes, **shapes)
     split = {n.name for n in whole.variables() if n.kind in ("data", "label")}
     share = {name: (-(-shape[0] // k),) + tuple(shape[1:]) if name in split else shape
              for name, shape in shapes.items()}
-    one = partition(symbol, [mx.cpu(0)], options=options, dtypes=dtypes, **share)
-    params = sum(n.outputs[0].nbytes for n in one.graph.variables("param"))
-    step = _step_time(one.shard_graph, lambda i: 0, machine) + \
-        ring_all_reduce_time(params, machine, range(k))
-    peak = one.memory_per_device()[0].total
-    return SimResult("data_parallel", machine.name, peak <= machine.memory, step,
-                     _batch(whole) / step if step else math.inf, (peak,) * k)
+    one = import_graph(symbol, dtypes=dtypes, **share)
+    peak = peak_memory(one, lambda i: 0, 1, options.optimizer_state)[0]
+    return whole, one, _step_time(one, lambda i: 0, machine), peak
 
 
-def _step_time(graph: Graph, device_of, machine: Machine) -> float:
+def _working_set(graph: Graph, optimizer_state: float) -> int:
+    """What must be on a device at once however much is swapped: the largest operator's
+    inputs and outputs with their gradients, or the largest weight with its gradient and
+    optimizer state (its update)."""
+    ops = (2 * operator_bytes(graph, i) for i, n in enumerate(graph.nodes) if not n.is_variable)
+    updates = (int(n.outputs[0].nbytes * (2 + optimizer_state)) for n in graph.variables("param"))
+    return max(*ops, *updates, 0)
+
+
+def _all_reduce(graph: Graph, machine: Machine) -> float:
+    params = sum(n.outputs[0].nbytes for n in graph.variables("param"))
+    return ring_all_reduce_time(params, machine, range(machine.num_devices))
+
+
+def _result(strategy: str, machine: Machine, graph: Graph, step: float, peak,
+            note: str = "", fits: bool | None = None) -> SimResult:
+    fits = max(peak) <= machine.memory if fits is None else fits
+    return SimResult(strategy, machine.name, fits, step,
+                     _batch(graph) / step if step else math.inf, tuple(peak), note)
+
+
+def _step_time(graph: Graph, device_of: Callable[[int], int], machine: Machine) -> float:
     return max(finish_times(step_tasks(graph, device_of, machine)), default=0.0)
 
 
@@ -108,4 +203,4 @@ def _batch(graph: Graph) -> int:
     return data[0].outputs[0].shape[0] if data and data[0].outputs[0].shape else 1
 
 
-__all__ = ["STRATEGIES", "SimResult", "simulate"]
+__all__ = ["RETRIES", "STRATEGIES", "SimResult", "simulate"]

@@ -44,6 +44,14 @@ def test_a_transfer_crosses_the_link_between_its_devices():
     assert sim.transfer_time(0, m.bridge) == 0.0
 
 
+def test_devices_sharing_a_host_link_swap_over_it_together():
+    # each device 100 MB at 1 GB/s: alone 0.1 s; 2 devices to a link: 0.2 s
+    assert sim.swap_time(100e6, toy()) == pytest.approx(5e-6 + 0.1)
+    assert sim.swap_time(100e6, toy(host_shared=2)) == pytest.approx(5e-6 + 0.2)
+    assert sim.swap_time(0, toy(host_shared=4)) == 0.0
+    assert sim.machine("8xV100-16GB-PCIe").host_shared == 4
+
+
 def test_ring_all_reduce_steps_at_its_slowest_link():
     m = toy()
     # within a group: 2 (2 - 1) = 2 steps of 40 MB / 2 = 20 MB over the peer link
@@ -80,6 +88,7 @@ def test_presets_describe_the_papers_machine_and_its_successors():
     (dict(memory_bandwidth="fast"), "memory_bandwidth must be a number"),
     (dict(launch=-1e-6), "launch must be >= 0"),
     (dict(group_size=3), "4 devices do not make groups of 3"),
+    (dict(host_shared=3), "4 devices do not share host links 3 each"),
     (dict(peer=(10e9, 1e-6)), "peer must be a tofu_mx.sim.Link"),
 ])
 def test_a_bad_machine_is_refused_clearly(changes, match):

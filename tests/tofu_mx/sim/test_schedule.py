@@ -66,12 +66,27 @@ def test_a_step_crosses_devices_forward_and_sends_the_gradient_back():
     assert step_tasks(graph, device_of, m, backward=False) == tasks[:5]
 
 
+def test_a_weight_placed_away_from_its_reader_crosses_over_and_its_gradient_back():
+    """fc_weight (3 x 6 float32: 72 B) on dev1, its reader fc on dev0."""
+    graph, placed = two_device_graph()
+    weight = [n.name for n in graph.nodes].index("fc_weight")
+    tasks = step_tasks(graph, lambda i: 1 if i == weight else placed(i),
+                       sim.machine("8xV100-16GB-PCIe"))
+    names = [t.name for t in tasks]
+    sent, back = tasks[names.index("fc_weight->0")], tasks[names.index("dfc_weight<-0")]
+    assert sent.resource == ("link", 1, 0) and sent.after == ()
+    assert back.resource == ("link", 0, 1) and back.after == (names.index("dfc"),)
+    assert sent.seconds == back.seconds == pytest.approx(10e-6 + 72 / 10e9)
+    assert names.index("fc_weight->0") in tasks[names.index("fc")].after
+
+
 def test_devices_sharing_a_processor_run_one_operator_at_a_time():
     graph, device_of = two_device_graph()
     m = sim.machine("8xV100-16GB-PCIe")
     shared = dataclasses.replace(m, shared_compute=True)
     tasks = step_tasks(graph, device_of, shared)
-    assert {t.resource for t in tasks} == {("device", 0), ("link", 0, 1), ("link", 1, 0)}
+    assert {t.resource for t in tasks} == {("device", 0)}      # the copies too
+    assert [t.name for t in tasks] == [t.name for t in step_tasks(graph, device_of, m)]
     a, b = Task("a", ("device", 0), 1.0), Task("b", ("device", 0), 1.0)
     assert finish_times([a, b]) == [1.0, 2.0]      # independent, yet one after the other
 
@@ -108,8 +123,9 @@ def test_tofu_on_two_devices_beats_one_on_a_compute_bound_layer():
 
 def test_simulate_refuses_what_it_cannot_do_clearly():
     sym, shapes = wide_layer()
-    with pytest.raises(InvalidArgumentError, match="no strategy 'swap'.*ideal, tofu, "):
-        sim.simulate(sym, sim.machine("8xV100-16GB-PCIe"), "swap", **shapes)
+    with pytest.raises(InvalidArgumentError, match="no strategy 'pipeline'.*ideal, "
+                                                   "data_parallel, swap, placement, tofu, "):
+        sim.simulate(sym, sim.machine("8xV100-16GB-PCIe"), "pipeline", **shapes)
     with pytest.raises(InvalidArgumentError, match="machine must be a tofu_mx.sim.Machine"):
         sim.simulate(sym, "8xV100-16GB-PCIe", **shapes)
 
@@ -133,6 +149,40 @@ def test_data_parallelism_is_a_share_of_the_batch_then_a_gradient_all_reduce():
     assert dp.fits and dp.peak_memory == (half.peak_memory[0],) * 2
     assert dp.throughput == pytest.approx(512 / dp.step_time)
     assert not sim.simulate(sym, small, "data_parallel", **shapes).fits   # 16 MiB of weights
+
+
+def two_layers():
+    x = mx.sym.var("data")
+    for name in ("fc1", "fc2"):
+        x = mx.sym.FullyConnected(x, num_hidden=2048, name=name)
+    return mx.sym.LinearRegressionOutput(x, name="loss"), dict(data=(512, 2048),
+                                                              loss_label=(512, 2048))
+
+
+def test_swapping_moves_the_excess_out_and_in_over_the_shared_host_links():
+    """Two devices sharing one host link: each sends out and fetches back what exceeds its
+    memory, overlapped with the replica's compute, then the all-reduce."""
+    big, _ = machines()
+    sym, shapes = two_layers()
+    half = sim.simulate(sym, big, "ideal", data=(256, 2048), loss_label=(256, 2048))
+    weights = 2 * 4 * (2048 * 2048 + 2048)
+    excess = 8 << 20
+    m = dataclasses.replace(big, memory=half.peak_memory[0] - excess, host_shared=2)
+    swap = sim.simulate(sym, m, "swap", **shapes)
+    assert swap.fits and swap.peak_memory == (m.memory,) * 2
+    assert swap.note == "swaps 8.00 MiB out and in per device and step"
+    assert sim.swap_time(2 * excess, m) == pytest.approx(m.host.latency + 4 * excess / 1e10)
+    assert swap.step_time == pytest.approx(
+        max(half.step_time, sim.swap_time(2 * excess, m)) +
+        sim.ring_all_reduce_time(weights, m, [0, 1]))
+    # with room to spare it is data parallelism
+    assert sim.simulate(sym, big, "swap", **shapes).step_time == pytest.approx(
+        sim.simulate(sym, big, "data_parallel", **shapes).step_time)
+    # one layer's working set (its 16 MiB weight, 2 MiB in and out, and their gradients)
+    tiny = dataclasses.replace(big, memory=30 << 20)
+    none = sim.simulate(sym, tiny, "swap", **shapes)
+    assert not none.fits and none.step_time == math.inf
+    assert "one operator's or one weight's update's working set takes" in none.note
 
 
 def test_the_memory_constrained_plan_fits_or_says_it_cannot():
