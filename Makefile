@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 PY := $(VENV)/bin/python
 
-.PHONY: test test-slow demo bench clean
+.PHONY: test test-slow demo bench bench-paper clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PY) bench/search.py $(BENCH_ARGS)
 	$(PY) bench/partition.py $(BENCH_ARGS)
+
+# The simulated paper evaluation (about 10 minutes): bench/out/paper.md and two plots.
+bench-paper: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[cpu,test,bench]'
+	$(PY) bench/paper.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -25,6 +25,9 @@ setup(
         # examples/: scikit-learn's bundled digits. Ranges installed and tested with numpy
         # 1.23.5 (scikit-learn 1.3.2, scipy 1.11.4): MXNet 1.9.1 needs numpy < 1.24.
         "examples": ["scikit-learn>=1.2,<1.4", "scipy>=1.9,<1.12"],
+        # bench/paper.py's plots; matplotlib 3.7 runs on numpy 1.23 (installed with the
+        # numpy pin above, pip keeps numpy < 1.24)
+        "bench": ["matplotlib>=3.6,<3.8"],
         # gluonnlp 0.10 supplies models nobody on this project wrote (BERT, Transformer, LMs);
         # scikit-learn and scipy: tests/examples runs the example scripts
         "test": ["pytest>=7", "pytest-timeout>=2.1", "gluonnlp==0.10.0",

@@ -136,10 +136,10 @@ PRESETS: dict[str, Machine] = {m.name: m for m in (
             peer=Link(360 * GB, 4e-6), bridge=Link(360 * GB, 4e-6), host=Link(50 * GB, 10e-6),
             source="H100 SXM5 data sheet (67 TFLOP/s float32, 3.35 TB/s, 80 GB); NVSwitch, "
                    "450 GB/s nominal per direction, 360 GB/s assumed achieved; PCIe 5.0 host"),
-    Machine("cpu", 2, 24 * GiB, 71.5e9, 9.7 * GB, 20.3e-6, 2,
-            peer=Link(1.5 * GB, 65e-6), bridge=Link(1.5 * GB, 65e-6),
-            host=Link(1.5 * GB, 65e-6), shared_compute=True,
-            efficiency=(("Convolution", 0.65),),
+    Machine("cpu", 2, 24 * GiB, 55.4e9, 7.3 * GB, 31.6e-6, 2,
+            peer=Link(1.0 * GB, 109e-6), bridge=Link(1.0 * GB, 109e-6),
+            host=Link(1.0 * GB, 109e-6), shared_compute=True,
+            efficiency=(("Convolution", 0.76),),
             source="this 2-core machine's cpu(0) and cpu(1), fitted by bench/calibrate.py on "
                    "2026-11-23 (bench/results/calibration.md); the devices share the cores"),
 )}

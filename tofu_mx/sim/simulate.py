@@ -70,6 +70,8 @@ class SimResult:
     throughput: float               # samples per second
     peak_memory: tuple[int, ...]    # bytes per device
     note: str = ""                  # for display: why it does not fit, what it swaps
+    busiest_device: float = 0.0     # seconds the busiest device computes in the step
+    busiest_link: float = 0.0       # seconds the busiest link (one direction) carries
 
 
 def simulate(symbol: mx.sym.Symbol, machine: Machine, strategy: str = "tofu", *,
@@ -99,7 +101,7 @@ def _ideal(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRe
 
 def _data_parallel(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
     whole, one, step, peak = _replica(symbol, machine, options, dtypes, shapes)
-    return _result(strategy, machine, whole, step + _all_reduce(one, machine),
+    return _result(strategy, machine, whole, step.then_all_reduce(_all_reduce(one, machine)),
                    (peak,) * machine.num_devices)
 
 
@@ -112,7 +114,9 @@ def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
         return SimResult(strategy, machine.name, False, math.inf, 0.0, (working,) * k,
                          f"one operator's or one weight's update's working set takes "
                          f"{format_bytes(working)} of {format_bytes(machine.memory)}")
-    step = max(step, swap_time(2 * excess, machine)) + _all_reduce(one, machine)
+    swapping = swap_time(2 * excess, machine)
+    step = _Step(max(step.seconds, swapping), step.busiest_device,
+                 max(step.busiest_link, swapping)).then_all_reduce(_all_reduce(one, machine))
     return _result(strategy, machine, whole, step, (min(peak, machine.memory),) * k,
                    note=f"swaps {format_bytes(excess)} out and in per device and step"
                    if excess else "swaps nothing")
@@ -186,15 +190,33 @@ def _all_reduce(graph: Graph, machine: Machine) -> float:
     return ring_all_reduce_time(params, machine, range(machine.num_devices))
 
 
-def _result(strategy: str, machine: Machine, graph: Graph, step: float, peak,
+def _result(strategy: str, machine: Machine, graph: Graph, step: _Step, peak,
             note: str = "", fits: bool | None = None) -> SimResult:
     fits = max(peak) <= machine.memory if fits is None else fits
-    return SimResult(strategy, machine.name, fits, step,
-                     _batch(graph) / step if step else math.inf, tuple(peak), note)
+    return SimResult(strategy, machine.name, fits, step.seconds,
+                     _batch(graph) / step.seconds if step.seconds else math.inf, tuple(peak),
+                     note, step.busiest_device, step.busiest_link)
 
 
-def _step_time(graph: Graph, device_of: Callable[[int], int], machine: Machine) -> float:
-    return max(finish_times(step_tasks(graph, device_of, machine)), default=0.0)
+@dataclass(frozen=True)
+class _Step:
+    seconds: float
+    busiest_device: float
+    busiest_link: float
+
+    def then_all_reduce(self, seconds: float) -> "_Step":
+        """This step, then an all-reduce of ``seconds`` over every link."""
+        return _Step(self.seconds + seconds, self.busiest_device, self.busiest_link + seconds)
+
+
+def _step_time(graph: Graph, device_of: Callable[[int], int], machine: Machine) -> _Step:
+    tasks = step_tasks(graph, device_of, machine)
+    busy: dict[tuple, float] = {}
+    for task in tasks:
+        busy[task.resource] = busy.get(task.resource, 0.0) + task.seconds
+    return _Step(max(finish_times(tasks), default=0.0),
+                 max((b for r, b in busy.items() if r[0] == "device"), default=0.0),
+                 max((b for r, b in busy.items() if r[0] == "link"), default=0.0))
 
 
 def _batch(graph: Graph) -> int:

@@ -147,6 +147,9 @@ def test_data_parallelism_is_a_share_of_the_batch_then_a_gradient_all_reduce():
     assert dp.step_time == pytest.approx(half.step_time +
                                          sim.ring_all_reduce_time(weights, big, [0, 1]))
     assert dp.fits and dp.peak_memory == (half.peak_memory[0],) * 2
+    # one device: one chain of operators, no link; the all-reduce keeps every link busy
+    assert half.busiest_device == pytest.approx(half.step_time) and half.busiest_link == 0
+    assert dp.busiest_link == pytest.approx(sim.ring_all_reduce_time(weights, big, [0, 1]))
     assert dp.throughput == pytest.approx(512 / dp.step_time)
     assert not sim.simulate(sym, small, "data_parallel", **shapes).fits   # 16 MiB of weights
 

@@ -1,0 +1,268 @@
+"""The shape of the Tofu paper's evaluation, in simulation (issue 16).
+
+    python bench/paper.py                  # about 10 minutes on 2 cores
+    python bench/paper.py --quick          # the smallest model of each family
+
+For each model of the paper's two families on 8 devices of ``--machine`` (the paper's
+8xV100-16GB-PCIe by default): WResNet-50/101/152 with widening 4, 6, 8, 10 (224px images)
+and LSTMs of 4, 6, 8, 10 layers with 4K, 6K, 8K, 10K hidden units (20 steps, a 10,000-word
+vocabulary), and one wider model of each beyond them (WResNet-152-W12, LSTM-10x12K), it
+simulates one training step (SGD with momentum: one optimizer state per
+weight) with every strategy of :func:`tofu_mx.sim.simulate`, and reports
+
+- throughput relative to ``"ideal"`` (one device with unlimited memory);
+- the peak memory per device, and whether the strategy fits;
+- the largest model each strategy trains, against what one device holds.
+
+``"tofu-memory"`` is simulated only where the default plan does not fit (where it does, the
+table shows the default plan). Writes bench/out/paper.md, bench/out/paper-throughput.png
+and bench/out/paper-memory.png; the committed run is in bench/results/.
+"""
+import argparse
+import concurrent.futures
+import dataclasses
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tofu_mx  # noqa: E402,F401  (sets MXNet's environment before MXNet is imported)
+from tofu_mx import models, sim  # noqa: E402
+from tofu_mx.search import SearchOptions  # noqa: E402
+from tofu_mx.summary import format_bytes  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
+#: strategies in the order the tables show them
+SHOWN = ("ideal", "data_parallel", "swap", "placement", "tofu")
+ALTERNATIVES = ("data_parallel", "swap", "placement")
+OPTIONS = SearchOptions(optimizer_state=1)      # SGD with momentum
+WRESNET_BATCH, LSTM_BATCH, LSTM_STEPS, VOCAB = 32, 64, 20, 10000
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    family: str
+    label: str
+    depth: int        # WResNet depth or LSTM layers
+    width: int        # widening or hidden units
+
+    def build(self):
+        if self.family == "WResNet":
+            return models.wresnet(self.depth, self.width), models.input_shapes(
+                "wresnet", WRESNET_BATCH)
+        return models.rnn(self.depth, self.width, LSTM_STEPS, VOCAB), models.input_shapes(
+            "rnn", LSTM_BATCH, seq_len=LSTM_STEPS)
+
+
+def sweep(quick: bool) -> list[Model]:
+    """The paper's models, then one wider model per family beyond them (to find where each
+    strategy stops fitting)."""
+    wres = [(d, w) for d in (50, 101, 152) for w in (4, 6, 8, 10)] + [(152, 12)]
+    lstm = [(n, h) for n in (4, 6, 8, 10) for h in (4096, 6144, 8192, 10240)] + [(10, 12288)]
+    if quick:
+        wres, lstm = wres[:1], lstm[:1]
+    return [Model("WResNet", f"WResNet-{d}-W{w}", d, w) for d, w in wres] + \
+        [Model("LSTM", f"LSTM-{n}x{h // 1024}K", n, h) for n, h in lstm]
+
+
+def run(model: Model, machine_name: str) -> tuple[Model, int, dict, float]:
+    """One model, every strategy: (model, weight bytes, results by strategy, seconds)."""
+    start = time.perf_counter()
+    machine = sim.machine(machine_name)
+    sym, shapes = model.build()
+    results = {s: sim.simulate(sym, machine, s, options=OPTIONS, **shapes) for s in SHOWN}
+    if not results["tofu"].fits:
+        results["tofu"] = sim.simulate(sym, machine, "tofu-memory", options=OPTIONS, **shapes)
+    from tofu_mx.tdl.annotate import import_graph
+    weights = sum(n.outputs[0].nbytes for n in import_graph(sym, **shapes).variables("param"))
+    return model, weights, results, time.perf_counter() - start
+
+
+def throughput_table(rows) -> list[str]:
+    head = ["model", "weights"] + [f"{s}" for s in SHOWN[1:]] + ["tofu / best alternative"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model, weights, results, _ in rows:
+        ideal = results["ideal"].throughput
+        cells = [model.label, format_bytes(weights)]
+        for s in SHOWN[1:]:
+            r = results[s]
+            cells.append(f"{r.throughput / ideal:.2f}" if r.fits else "does not fit")
+        cells.append(_versus(results))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def _versus(results) -> str:
+    fitting = [results[s].throughput for s in ALTERNATIVES if results[s].fits]
+    if not results["tofu"].fits:
+        return "tofu does not fit"
+    if not fitting:
+        return "only tofu fits"
+    return f"{results['tofu'].throughput / max(fitting):.2f}x"
+
+
+def memory_table(rows, machine) -> list[str]:
+    head = ["model"] + list(SHOWN)
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model, _, results, _ in rows:
+        cells = [model.label]
+        for s in SHOWN:
+            r = results[s]
+            mark = "" if r.fits or s == "ideal" else " (over)"
+            cells.append(format_bytes(max(r.peak_memory)) + mark)
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def largest(rows, machine) -> list[str]:
+    """The largest model (by weight bytes) each strategy fits, per family, against what one
+    device trains: the largest model of the sweep whose whole step fits one device at the
+    same batch, and the most weights one device could hold at all."""
+    bound = machine.memory / (2 + OPTIONS.optimizer_state)
+    out = [f"\"One device\": the largest model of the sweep whose step fits one "
+           f"{machine.name.split('x', 1)[1]} device at the same batch (the ideal's peak "
+           f"within its memory). \"Bound\": the most weights one device could hold at all, "
+           f"{format_bytes(int(bound))} (with their gradients and momentum, and no "
+           f"activations).", "",
+           "| family | strategy | largest model trained | weights | x one device | x bound |",
+           "|---|---|---|---|---|---|"]
+    for family in dict.fromkeys(m.family for m, *_ in rows):
+        mine = [(w, m.label, results) for m, w, results, _ in rows if m.family == family]
+        alone = [(w, label) for w, label, results in mine
+                 if results["ideal"].peak_memory[0] <= machine.memory]
+        one = max(alone) if alone else None
+        out.append(f"| {family} | one device | {one[1] if one else 'none'} | "
+                   f"{format_bytes(one[0]) if one else ''} | | |")
+        for s in SHOWN[1:]:
+            fit = [(w, label) for w, label, results in mine if results[s].fits]
+            if not fit:
+                out.append(f"| {family} | {s} | none | | | |")
+                continue
+            w, label = max(fit)
+            times = f"{w / one[0]:.1f}" if one else ""
+            out.append(f"| {family} | {s} | {label} | {format_bytes(w)} | {times} | "
+                       f"{w / bound:.1f} |")
+    return out
+
+
+def why(rows) -> list[str]:
+    """Where tofu's plan is under 1.25x the best alternative that fits: its step against its
+    busiest device's compute and busiest link, and the same of that alternative."""
+    out = ["| model | strategy | step | busiest device computes | even share of the ideal's "
+           "compute | busiest link carries |", "|---|---|---|---|---|---|"]
+    for model, _, results, _ in rows:
+        fitting = [s for s in ALTERNATIVES if results[s].fits]
+        tofu = results["tofu"]
+        if not tofu.fits or not fitting:
+            continue
+        best = max(fitting, key=lambda s: results[s].throughput)
+        if tofu.throughput >= 1.25 * results[best].throughput:
+            continue
+        even = results["ideal"].busiest_device / len(tofu.peak_memory)
+        for s in ("tofu", best):
+            r = results[s]
+            out.append(f"| {model.label} | {s} | {r.step_time:.3f} s | "
+                       f"{r.busiest_device:.3f} s | {even:.3f} s | {r.busiest_link:.3f} s |")
+    return out
+
+
+def plot(rows, machine, path_throughput: str, path_memory: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = list(dict.fromkeys(m.family for m, *_ in rows))
+    colors = dict(zip(SHOWN, ("#888888", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")))
+    for path, what in ((path_throughput, "throughput"), (path_memory, "memory")):
+        fig, axes = plt.subplots(len(families), 1, figsize=(12, 4.2 * len(families)),
+                                 squeeze=False)
+        for ax, family in zip(axes[:, 0], families):
+            mine = [r for r in rows if r[0].family == family]
+            shown = SHOWN[1:] if what == "throughput" else SHOWN
+            width = 0.8 / len(shown)
+            for j, s in enumerate(shown):
+                xs = [i + (j - (len(shown) - 1) / 2) * width for i in range(len(mine))]
+                if what == "throughput":
+                    ys = [r[2][s].throughput / r[2]["ideal"].throughput if r[2][s].fits else 0
+                          for r in mine]
+                else:
+                    ys = [max(r[2][s].peak_memory) / 2 ** 30 for r in mine]
+                ax.bar(xs, ys, width, label=s, color=colors[s])
+            if what == "throughput":
+                ax.axhline(1.0, color="black", linewidth=0.8)
+                ax.set_ylabel("throughput / ideal (0: does not fit)")
+            else:
+                ax.axhline(machine.memory / 2 ** 30, color="black", linewidth=0.8,
+                           linestyle="--", label="device memory")
+                ax.set_yscale("log")
+                ax.set_ylabel("peak memory per device (GiB)")
+            ax.set_xticks(range(len(mine)))
+            ax.set_xticklabels([r[0].label for r in mine], rotation=30, ha="right")
+            ax.set_title(f"{family} on {machine.name} (simulated)")
+            ax.legend(fontsize=8, ncol=3)
+        fig.tight_layout()
+        fig.savefig(path + ".tmp.png", dpi=90)
+        plt.close(fig)
+        os.replace(path + ".tmp.png", path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one model per family")
+    parser.add_argument("--machine", default="8xV100-16GB-PCIe", choices=sorted(sim.PRESETS))
+    parser.add_argument("--jobs", type=int, default=2, help="models simulated at once")
+    args = parser.parse_args()
+    from tqdm import tqdm
+
+    machine = sim.machine(args.machine)
+    models_ = sweep(args.quick)
+    start = time.perf_counter()
+    with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(run, m, args.machine) for m in models_]
+        for _ in tqdm(concurrent.futures.as_completed(futures), total=len(futures),
+                      desc="models", unit="model"):
+            pass
+    rows = [f.result() for f in futures]
+    elapsed = time.perf_counter() - start
+    os.makedirs(OUT, exist_ok=True)
+    text = report(rows, machine, elapsed)
+    plot(rows, machine, os.path.join(OUT, "paper-throughput.png"),
+         os.path.join(OUT, "paper-memory.png"))
+    path = os.path.join(OUT, "paper.md")
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+    print(text)
+    print("wrote", path)
+
+
+def report(rows, machine, elapsed: float) -> str:
+    lines = [
+        "# The paper's evaluation, simulated", "",
+        f"`python bench/paper.py`, {time.strftime('%Y-%m-%d')}, {elapsed:.0f} s on this "
+        f"machine. Machine: {machine.name} ({machine.source}). One training step, SGD with "
+        f"momentum; WResNets at batch {WRESNET_BATCH} (224px), LSTMs at batch {LSTM_BATCH}, "
+        f"{LSTM_STEPS} steps, a {VOCAB:,}-word vocabulary. Every figure is the simulator's "
+        f"(tofu_mx.sim), not a measurement: see bench/results/calibration.md for how far "
+        f"its predictions are from measured steps on this CPU.", "",
+        "## Throughput relative to ideal (one device with unlimited memory)", "",
+        *throughput_table(rows), "",
+        "\"tofu\" is the default plan, or the memory-constrained plan (`tofu-memory`) where "
+        "the default does not fit.", "",
+        "## Peak memory per device", "",
+        *memory_table(rows, machine), "",
+        "## The largest model each strategy trains", "",
+        *largest(rows, machine), "",
+        "## Where tofu is under 1.25x the best alternative", "",
+        *why(rows), "",
+        "## Notes", "",
+        *[f"- {m.label}, {s}: {r.note}" for m, _, results, _ in rows
+          for s, r in results.items() if r.note and s != "ideal"],
+        "", "Seconds per model: " + ", ".join(f"{m.label} {t:.0f}" for m, _, _, t in rows),
+        ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
