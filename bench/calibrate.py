@@ -7,7 +7,9 @@
    ``1 + BACKWARD_RATIO`` times its forward work): the launch from a tiny ReLU, the FLOP/s
    from a large fully connected layer, a convolution's share of it from a large
    convolution (MXNet's CPU convolution without oneDNN, which tofu_mx turns off for
-   multi-device graphs, is far slower per FLOP), the memory bandwidth from a large ReLU,
+   multi-device graphs, is far slower per FLOP; it also runs one matrix product per sample,
+   reading its weight each time: ``Machine.per_sample``), the memory bandwidth from a large
+   ReLU,
    and the link between ``cpu(i)`` devices from copies of a large and a tiny array.
 2. **Predict and measure** one training step (forward and backward) of small models,
    unpartitioned on ``cpu(0)`` and partitioned over ``cpu(0)``, ``cpu(1)`` (the devices
@@ -105,6 +107,7 @@ def fit() -> tuple[sim.Machine, list[tuple]]:
     machine = sim.Machine("cpu", 2, 16 << 30, flops, bandwidth, launch, 2, peer=link,
                           bridge=link, host=link, shared_compute=True,
                           efficiency=(("Convolution", min(conv_rate / flops, 1.0)),),
+                          per_sample=(("Convolution", 1),),
                           source=f"bench/calibrate.py, {time.strftime('%Y-%m-%d')}")
     rows = [("tiny ReLU (4 x 4), step", f"{tiny * 1e6:.0f} us", f"launch {launch * 1e6:.1f} us"),
             (f"FullyConnected {n} x {width} -> {width}, step", f"{fc_t * 1e3:.2f} ms",

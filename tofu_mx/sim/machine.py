@@ -60,6 +60,9 @@ class Machine:
     #: (operator, fraction of ``flops`` it reaches), measured where one falls short of the rest
     efficiency: tuple[tuple[str, float], ...] = ()
     host_shared: int = 1        # devices sharing one ``host`` link (a PCIe switch's uplink)
+    #: (operator, input position): kernels that loop over the batch (the output's first
+    #: axis) one sample at a time, reading that input (the weight) once per sample
+    per_sample: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -88,6 +91,9 @@ class Machine:
             (op, arguments.real(e, f"Machine.efficiency[{op!r}]", minimum=0, strict=True,
                                 maximum=1, example="efficiency=(('Convolution', 0.2),)"))
             for op, e in dict(self.efficiency).items()))
+        set_(self, "per_sample", tuple(
+            (op, arguments.count(pos, f"Machine.per_sample[{op!r}]", minimum=0))
+            for op, pos in dict(self.per_sample).items()))
         for field in ("peer", "bridge", "host"):
             if not isinstance(getattr(self, field), Link):
                 raise InvalidArgumentError(
@@ -136,12 +142,14 @@ PRESETS: dict[str, Machine] = {m.name: m for m in (
             peer=Link(360 * GB, 4e-6), bridge=Link(360 * GB, 4e-6), host=Link(50 * GB, 10e-6),
             source="H100 SXM5 data sheet (67 TFLOP/s float32, 3.35 TB/s, 80 GB); NVSwitch, "
                    "450 GB/s nominal per direction, 360 GB/s assumed achieved; PCIe 5.0 host"),
-    Machine("cpu", 2, 24 * GiB, 55.4e9, 7.3 * GB, 31.6e-6, 2,
-            peer=Link(1.0 * GB, 109e-6), bridge=Link(1.0 * GB, 109e-6),
-            host=Link(1.0 * GB, 109e-6), shared_compute=True,
-            efficiency=(("Convolution", 0.76),),
+    Machine("cpu", 2, 24 * GiB, 52.2e9, 5.5 * GB, 20.8e-6, 2,
+            peer=Link(0.9 * GB, 117e-6), bridge=Link(0.9 * GB, 117e-6),
+            host=Link(0.9 * GB, 117e-6), shared_compute=True,
+            efficiency=(("Convolution", 0.61),), per_sample=(("Convolution", 1),),
             source="this 2-core machine's cpu(0) and cpu(1), fitted by bench/calibrate.py on "
-                   "2026-11-23 (bench/results/calibration.md); the devices share the cores"),
+                   "2026-11-23 (bench/results/calibration.md); the devices share the cores; "
+                   "MXNet's CPU convolution (without oneDNN) runs one matrix product per "
+                   "sample (src/operator/nn/convolution-inl.h), reading its weight each time"),
 )}
 
 

@@ -163,12 +163,17 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
 def roofline_seconds(graph: Graph, i: int, machine: Machine) -> tuple[float, float]:
     """Operator ``i``'s forward and backward seconds on ``machine``, by the roofline of its
     work (the backward pass at ``BACKWARD_RATIO`` times it); an operator without a
-    description by its bytes alone."""
+    description by its bytes alone. Where the machine runs the operator one sample at a
+    time (``Machine.per_sample``), the input it names is read once per sample."""
     work = operator_work(graph, i)
     if work is None:
         flops, nbytes, op = 0.0, operator_bytes(graph, i), None
     else:
         flops, nbytes, op = work.flops, work.nbytes, graph.nodes[i].op
+    node = graph.nodes[i]
+    position = dict(machine.per_sample).get(node.op)
+    if position is not None and position < len(node.inputs) and node.outputs[0].shape:
+        nbytes += graph.tensor(node.inputs[position]).nbytes * (node.outputs[0].shape[0] - 1)
     return (compute_time(flops, nbytes, machine, op),
             compute_time(BACKWARD_RATIO * flops, BACKWARD_RATIO * nbytes, machine, op))
 

@@ -89,6 +89,7 @@ def test_presets_describe_the_papers_machine_and_its_successors():
     (dict(launch=-1e-6), "launch must be >= 0"),
     (dict(group_size=3), "4 devices do not make groups of 3"),
     (dict(host_shared=3), "4 devices do not share host links 3 each"),
+    (dict(per_sample=(("Convolution", -1),)), "per_sample\\['Convolution'\\] must be"),
     (dict(peer=(10e9, 1e-6)), "peer must be a tofu_mx.sim.Link"),
 ])
 def test_a_bad_machine_is_refused_clearly(changes, match):

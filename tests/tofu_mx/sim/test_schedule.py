@@ -8,7 +8,7 @@ import pytest
 from nnvm_passes import import_symbol
 from tofu_mx import sim
 from tofu_mx.errors import InvalidArgumentError
-from tofu_mx.sim.schedule import Task, finish_times, step_tasks
+from tofu_mx.sim.schedule import Task, finish_times, roofline_seconds, step_tasks
 
 
 def test_tasks_on_different_resources_overlap_and_on_one_resource_queue():
@@ -78,6 +78,23 @@ def test_a_weight_placed_away_from_its_reader_crosses_over_and_its_gradient_back
     assert back.resource == ("link", 0, 1) and back.after == (names.index("dfc"),)
     assert sent.seconds == back.seconds == pytest.approx(10e-6 + 72 / 10e9)
     assert names.index("fc_weight->0") in tasks[names.index("fc")].after
+
+
+def test_a_kernel_run_per_sample_reads_its_weight_once_per_sample():
+    """MXNet's CPU convolution: one matrix product per sample, each reading the weight
+    (3 x 2 x 3 x 3 float32: 216 B). On a machine whose bytes bound every operator, a batch
+    of 4 reads it 3 more times: 648 B more, forward (and twice that backward)."""
+    conv = mx.sym.Convolution(mx.sym.var("data"), num_filter=3, kernel=(3, 3), no_bias=True,
+                              name="conv")
+    graph = import_symbol(mx.sym.MakeLoss(mx.sym.sum(conv), name="loss"), data=(4, 2, 8, 8))
+    i = [n.name for n in graph.nodes].index("conv")
+    m = sim.Machine("bytes-bound", 1, 1 << 30, 1e15, 1e6, 0.0, 1, sim.Link(1e9, 0),
+                    sim.Link(1e9, 0), sim.Link(1e9, 0))
+    looped = dataclasses.replace(m, per_sample=(("Convolution", 1),))
+    plain, per_sample = roofline_seconds(graph, i, m), roofline_seconds(graph, i, looped)
+    assert per_sample[0] - plain[0] == pytest.approx(648 / 1e6)
+    assert per_sample[1] - plain[1] == pytest.approx(2 * 648 / 1e6)
+    assert sim.machine("cpu").per_sample == (("Convolution", 1),)
 
 
 def test_devices_sharing_a_processor_run_one_operator_at_a_time():
