@@ -203,8 +203,7 @@ def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool]
     inputs, and MXNet's gradient pass reads that copy instead: its gradient holds none of its
     own outputs, and what it reads is built again in turn where marked; the unmarked tensors
     beneath are held, by the marked node reading them."""
-    mirrored = {i for i, n in enumerate(graph.nodes)
-                if not n.is_variable and _flag(n.attrs.get(MIRROR))}
+    mirrored = mirrored_nodes(graph)
     kept: dict[tuple[int, int], set[int]] = {
         (i, j): set() for i, n in enumerate(graph.nodes) if not n.is_variable
         for j in range(len(n.outputs))}
@@ -237,6 +236,13 @@ def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool]
         for p in ins:
             hold(node.inputs[p], i)
     return {t: frozenset(r) for t, r in kept.items()}
+
+
+def mirrored_nodes(graph: Graph) -> frozenset[int]:
+    """The operators marked ``__force_mirroring__``: MXNet builds them again in the backward
+    pass instead of keeping their outputs."""
+    return frozenset(i for i, n in enumerate(graph.nodes)
+                     if not n.is_variable and _flag(n.attrs.get(MIRROR)))
 
 
 def _flag(value: str | None) -> bool:

@@ -11,7 +11,10 @@ graph, or an unpartitioned one on one device) into tasks:
 - the backward pass mirrors the forward one: each operator that carries a gradient is a task
   on its device costing ``BACKWARD_RATIO`` times its forward work, after its own forward task
   and the backward tasks of its readers; a gradient crossing devices is a transfer back (a
-  weight's too, summed on each reading device first).
+  weight's too, summed on each reading device first);
+- an operator the rewrite marks for mirroring (``__force_mirroring__``: re-fetching) runs
+  again before the gradients that read it, fetching again what it reads from other devices,
+  as MXNet's gradient pass builds it again.
 
 :func:`finish_times` runs them as MXNet's engine does: a task is ready once the tasks it
 waits for are done; each resource (a device's compute, one direction of a link) runs one
@@ -22,8 +25,8 @@ devices share one processor (``Machine.shared_compute``: MXNet's ``cpu(i)`` devi
 operator, and every copy between devices (a copy in memory, made by the processor), runs on
 that one.
 
-Not modelled yet: operators the rewrite marks to run again in the backward pass (mirroring),
-the optimizer's update, several links sharing one switch, and the engine's own overheads.
+Not modelled yet: the optimizer's update, several links sharing one switch, and the
+engine's own overheads.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from nnvm_passes.backward import backward_reads, mirrored_nodes
 from nnvm_passes.ir import Entry, Graph
 from tofu_mx.search.structure import needs_grad_of
 from tofu_mx.sim.formulas import compute_time, transfer_time
@@ -121,11 +125,42 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
     grads = needs_grad_of(graph)
     back: dict[int, int] = {}
     returned: dict[tuple[Entry, int], int] = {}   # (value, reader's device) -> gradient sent
+    mirrored = mirrored_nodes(graph)
+    again: dict[int, int] = {}                    # mirrored node -> its task run again
+
+    def rebuild(m: int) -> int:
+        """Node ``m`` built again for the backward pass (mirroring), from its inputs: those
+        marked too built again first, those on other devices fetched again."""
+        if m not in again:
+            d, after = device_of(m), []
+            for e in graph.nodes[m].inputs:
+                if graph.nodes[e.node].is_variable:
+                    continue
+                made = rebuild(e.node) if e.node in mirrored else forward[e.node]
+                if device_of(e.node) != d:
+                    src = device_of(e.node)
+                    tasks.append(Task(f"{graph.nodes[e.node].name}->{d} again",
+                                      _carrier(machine, src, d),
+                                      transfer_time(graph.tensor(e).nbytes,
+                                                    machine.link(src, d)), (made,)))
+                    made = len(tasks) - 1
+                after.append(made)
+            tasks.append(Task(f"{graph.nodes[m].name} again", _processor(machine, d),
+                              timed(m)[0], tuple(after)))
+            again[m] = len(tasks) - 1
+        return again[m]
+
     for i in reversed(ops):
         node = graph.nodes[i]
         if not any(grads[(i, j)] for j in range(len(node.outputs))):
             continue
         d, after = device_of(i), [forward[i]]
+        if i in mirrored:            # its gradient reads its copy, built again
+            after.append(rebuild(i))
+        else:
+            after.extend(rebuild(node.inputs[p].node)
+                         for p in backward_reads(node, graph)[0]
+                         if node.inputs[p].node in mirrored)
         for reader, e in readers.get(i, ()):
             if reader not in back or not grads[(e.node, e.index)]:
                 continue

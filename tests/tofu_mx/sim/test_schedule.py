@@ -97,6 +97,25 @@ def test_a_kernel_run_per_sample_reads_its_weight_once_per_sample():
     assert sim.machine("cpu").per_sample == (("Convolution", 1),)
 
 
+def test_a_mirrored_operator_runs_again_and_fetches_its_input_again():
+    """relu on dev1, marked for mirroring: its gradient reads its output, built again from
+    fc's output, which is sent from dev0 again."""
+    with mx.AttrScope(ctx_group="dev0"):
+        fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3, name="fc")
+    with mx.AttrScope(ctx_group="dev1"):
+        relu = mx.sym.relu(fc, name="relu", attr={"__force_mirroring__": "True"})
+        loss = mx.sym.MakeLoss(mx.sym.sum(relu, name="total"), name="loss")
+    graph = import_symbol(loss, data=(4, 6))
+    tasks = step_tasks(graph, lambda i: int(graph.nodes[i].ctx_group[3:]),
+                       sim.machine("8xV100-16GB-PCIe"))
+    names = [t.name for t in tasks]
+    sent, rerun = names.index("fc->1 again"), names.index("relu again")
+    assert tasks[sent].resource == ("link", 0, 1) and tasks[rerun].after == (sent,)
+    assert tasks[rerun].seconds == tasks[names.index("relu")].seconds
+    assert rerun in tasks[names.index("drelu")].after
+    assert names.count("fc again") == 0           # not marked: kept, not built again
+
+
 def test_devices_sharing_a_processor_run_one_operator_at_a_time():
     graph, device_of = two_device_graph()
     m = sim.machine("8xV100-16GB-PCIe")
