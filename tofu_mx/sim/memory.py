@@ -58,7 +58,7 @@ def peak_memory(graph: Graph, device_of: Callable[[int], int], num_devices: int,
     kept = kept_for_backward(graph, grads)
     base = [sum(row.values()) for row in _static(graph, device_of, num_devices,
                                                   optimizer_state)]
-    walk = _Walk(graph, device_of, num_devices)
+    walk = _Walk(graph, num_devices)
     ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
     heads = {(e.node, e.index) for e in graph.heads}
     # forward: when each buffer (value, device) is read for the last time there
@@ -120,8 +120,8 @@ def peak_memory(graph: Graph, device_of: Callable[[int], int], num_devices: int,
 class _Walk:
     """Live bytes per device, and their peak."""
 
-    def __init__(self, graph: Graph, device_of, num_devices: int):
-        self.graph, self.device_of = graph, device_of
+    def __init__(self, graph: Graph, num_devices: int):
+        self.graph = graph
         self.live: dict[tuple, int] = {}           # (buffer, device) -> bytes
         self.total = [0] * num_devices
         self.peak = [0] * num_devices

@@ -1,28 +1,14 @@
 """Per-device memory over a training step: the end of the forward pass, and the peak."""
-import mxnet as mx
 import pytest
 
-from nnvm_passes.importer import import_symbol
 from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.sim.memory import held_at_forward_end, peak_memory
 
 
-def two_device_graph():
-    """data (4, 6) -> fc (3 outputs; weight 72 B, bias 12 B) on dev0 -> relu -> sum -> MakeLoss
-    on dev1, float32."""
-    with mx.AttrScope(ctx_group="dev0"):
-        fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3, name="fc")
-    with mx.AttrScope(ctx_group="dev1"):
-        loss = mx.sym.MakeLoss(mx.sym.sum(mx.sym.relu(fc, name="relu"), name="total"),
-                               name="loss")
-    graph = import_symbol(loss, data=(4, 6))
-    return graph, lambda i: int(graph.nodes[i].ctx_group[3:])
-
-
-def test_the_end_of_the_forward_pass_holds_variables_and_kept_outputs():
+def test_the_end_of_the_forward_pass_holds_variables_and_kept_outputs(two_devices):
     """dev0: data 96 B, weights 84 B and their gradients 84 B (momentum: 84 B more); dev1:
     relu's output (48 B), which relu's gradient reads; fc's gradient reads only data."""
-    graph, device_of = two_device_graph()
+    graph, device_of = two_devices
     rows = held_at_forward_end(graph, device_of, 2, optimizer_state=1)
     assert rows[0] == dict(weights=84, gradients=84, optimizer=84, aux=0, inputs=96,
                            activations=0)
@@ -30,7 +16,7 @@ def test_the_end_of_the_forward_pass_holds_variables_and_kept_outputs():
                            activations=48)
 
 
-def test_the_peak_follows_each_buffer_from_its_maker_to_its_last_reader():
+def test_the_peak_follows_each_buffer_from_its_maker_to_its_last_reader(two_devices):
     """dev0 holds 264 B of variables. Forward: fc's output (48), freed at once (it is read
     only on dev1, and not kept). Backward: the gradient of fc's output received from dev1
     (48). Peak 264 + 48 = 312.
@@ -43,13 +29,13 @@ def test_the_peak_follows_each_buffer_from_its_maker_to_its_last_reader():
 
     On one device: the same walk with no copies: 96 in the forward pass, 148 in the backward
     pass, on 264 B of variables: 412."""
-    graph, device_of = two_device_graph()
+    graph, device_of = two_devices
     assert peak_memory(graph, device_of, 2) == (312, 148)
     assert peak_memory(graph, device_of, 2, optimizer_state=2) == (312 + 2 * 84, 148)
     assert peak_memory(graph, lambda i: 0, 1) == (412,)
 
 
-def test_optimizer_states_must_be_a_count():
-    graph, device_of = two_device_graph()
+def test_a_negative_optimizer_state_is_refused(two_devices):
+    graph, device_of = two_devices
     with pytest.raises(InvalidArgumentError, match="optimizer_state"):
         peak_memory(graph, device_of, 2, optimizer_state=-1)

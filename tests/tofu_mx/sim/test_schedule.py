@@ -35,19 +35,8 @@ def test_a_device_runs_a_ready_task_before_one_given_earlier_that_waits():
     assert finish_times(tasks) == [1.0, 6.0, 7.0, 1.0, 3.0, 4.0]
 
 
-def two_device_graph():
-    """fc on dev0, relu and the loss on dev1."""
-    with mx.AttrScope(ctx_group="dev0"):
-        fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3, name="fc")
-    with mx.AttrScope(ctx_group="dev1"):
-        loss = mx.sym.MakeLoss(mx.sym.sum(mx.sym.relu(fc, name="relu"), name="total"),
-                               name="loss")
-    graph = import_symbol(loss, data=(4, 6))
-    return graph, lambda i: int(graph.nodes[i].ctx_group[3:])
-
-
-def test_a_step_crosses_devices_forward_and_sends_the_gradient_back():
-    graph, device_of = two_device_graph()
+def test_a_step_crosses_devices_forward_and_sends_the_gradient_back(two_devices):
+    graph, device_of = two_devices
     m = sim.machine("8xV100-16GB-PCIe")
     tasks = step_tasks(graph, device_of, m)
     assert [(t.name, t.resource) for t in tasks] == [
@@ -66,9 +55,9 @@ def test_a_step_crosses_devices_forward_and_sends_the_gradient_back():
     assert step_tasks(graph, device_of, m, backward=False) == tasks[:5]
 
 
-def test_a_weight_placed_away_from_its_reader_crosses_over_and_its_gradient_back():
+def test_a_weight_placed_away_from_its_reader_crosses_over_and_its_gradient_back(two_devices):
     """fc_weight (3 x 6 float32: 72 B) on dev1, its reader fc on dev0."""
-    graph, placed = two_device_graph()
+    graph, placed = two_devices
     weight = [n.name for n in graph.nodes].index("fc_weight")
     tasks = step_tasks(graph, lambda i: 1 if i == weight else placed(i),
                        sim.machine("8xV100-16GB-PCIe"))
@@ -116,8 +105,8 @@ def test_a_mirrored_operator_runs_again_and_fetches_its_input_again():
     assert names.count("fc again") == 0           # not marked: kept, not built again
 
 
-def test_devices_sharing_a_processor_run_one_operator_at_a_time():
-    graph, device_of = two_device_graph()
+def test_devices_sharing_a_processor_run_one_operator_at_a_time(two_devices):
+    graph, device_of = two_devices
     m = sim.machine("8xV100-16GB-PCIe")
     shared = dataclasses.replace(m, shared_compute=True)
     tasks = step_tasks(graph, device_of, shared)
@@ -127,8 +116,8 @@ def test_devices_sharing_a_processor_run_one_operator_at_a_time():
     assert finish_times([a, b]) == [1.0, 2.0]      # independent, yet one after the other
 
 
-def test_one_device_moves_nothing():
-    graph, _ = two_device_graph()
+def test_one_device_moves_nothing(two_devices):
+    graph, _ = two_devices
     tasks = step_tasks(graph, lambda i: 0, sim.machine("8xA100-40GB-NVLink"))
     assert all(t.resource == ("device", 0) for t in tasks) and len(tasks) == 8
 
