@@ -1,0 +1,181 @@
+"""``python -m tofu_mx.launch -n N [-s S] -- CMD ...``: a distributed run on this machine.
+
+It starts ps-lite's scheduler, ``S`` servers and ``N`` workers running ``CMD`` over loopback,
+as MXNet's distributed KVStore (``kvstore="dist_sync"``) needs them:
+
+- every process gets the ``DMLC_*`` variables (the scheduler on 127.0.0.1 at a free port,
+  the numbers of servers and workers, its own role); the scheduler and the servers run
+  ``python -c "import mxnet"``, which serves until the workers are done;
+- each line a process prints is streamed with its name in front: ``[worker 1] ...``;
+- it fails fast: when a process exits with an error (or is killed), the others are
+  stopped at once and the launcher exits with that code (1 for a signal), naming the
+  process; when every worker has finished cleanly, the scheduler and servers get
+  ``GRACE`` seconds to finish, then are stopped.
+
+It is for trying and testing on one machine. On a cluster, use MXNet's own launcher
+(``tools/launch.py`` of MXNet's sources, with ``--launcher ssh`` and a host file) or
+``horovodrun``: they set the same variables on each host.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence, TextIO
+
+from tofu_mx import arguments
+from tofu_mx.errors import InvalidArgumentError, TofuError
+
+#: seconds the scheduler and servers get to finish once every worker has
+GRACE = 10.0
+#: seconds a stopped process gets between SIGTERM and SIGKILL
+STOP = 3.0
+HOST = "127.0.0.1"
+
+
+@dataclass
+class _Process:
+    name: str           # "scheduler", "server 0", "worker 1"
+    popen: subprocess.Popen
+    reader: threading.Thread
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port nothing listens on now (the operating system's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def launch(command: Sequence[str], workers: int, servers: int = 1, *,
+           env: Mapping[str, str] | None = None, out: TextIO | None = None) -> int:
+    """Run ``command`` as ``workers`` ps-lite workers, with a scheduler and ``servers``
+    servers, on this machine (see the module's docstring); the exit code: 0 when every
+    worker finished cleanly."""
+    command = list(command)
+    if not command or not all(isinstance(c, str) for c in command):
+        raise InvalidArgumentError(f"the command to launch must be a non-empty list of "
+                                   f"strings, got {arguments.show(command)}; e.g. "
+                                   f"python -m tofu_mx.launch -n 2 -- python train.py")
+    workers = arguments.count(workers, "workers")
+    servers = arguments.count(servers, "servers")
+    out = out or sys.stdout
+    base = dict(os.environ if env is None else env)
+    base.update(DMLC_PS_ROOT_URI=HOST, DMLC_PS_ROOT_PORT=str(free_port()),
+                DMLC_NODE_HOST=HOST, DMLC_NUM_SERVER=str(servers),
+                DMLC_NUM_WORKER=str(workers))
+    serve = [sys.executable, "-c", "import mxnet"]
+    lock = threading.Lock()
+    plan = [("scheduler", "scheduler", serve)] + \
+        [(f"server {i}", "server", serve) for i in range(servers)] + \
+        [(f"worker {i}", "worker", command) for i in range(workers)]
+    processes: list[_Process] = []
+    try:
+        for name, role, argv in plan:
+            processes.append(_start(name, argv, {**base, "DMLC_ROLE": role}, out, lock))
+        return _watch(processes, out, lock)
+    finally:
+        _stop(processes)
+
+
+def _start(name: str, argv: list[str], env: dict, out: TextIO, lock) -> _Process:
+    try:
+        popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 text=True, bufsize=1, errors="replace")
+    except OSError as e:
+        raise TofuError(f"cannot start the {name} ({' '.join(argv)}): {e}; check the "
+                        f"command") from e
+
+    def stream():
+        for line in popen.stdout:
+            with lock:
+                out.write(f"[{name}] {line if line.endswith(chr(10)) else line + chr(10)}")
+                out.flush()
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    return _Process(name, popen, reader)
+
+
+def _watch(processes: list[_Process], out: TextIO, lock) -> int:
+    """Wait until every worker is done or a process fails; the exit code."""
+    workers = [p for p in processes if p.name.startswith("worker")]
+    finished_at = None
+    while True:
+        for p in processes:
+            code = p.popen.poll()
+            if code is not None and code != 0:
+                p.reader.join(timeout=1.0)
+                _say(out, lock, f"{p.name} (pid {p.popen.pid}) {_how(code)}; stopping the "
+                                f"other {len(processes) - 1} processes")
+                return code if code > 0 else 1
+        if all(p.popen.poll() == 0 for p in workers):
+            if all(p.popen.poll() == 0 for p in processes):
+                for p in processes:
+                    p.reader.join(timeout=1.0)
+                return 0
+            finished_at = finished_at or time.monotonic()
+            if time.monotonic() - finished_at > GRACE:
+                left = [p.name for p in processes if p.popen.poll() is None]
+                _say(out, lock, f"every worker finished; {', '.join(left)} still running "
+                                f"after {GRACE:g} s, stopped")
+                return 0
+        time.sleep(0.05)
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _say(out: TextIO, lock, message: str) -> None:
+    with lock:
+        out.write(f"tofu_mx.launch: {message}\n")
+        out.flush()
+
+
+def _stop(processes: list[_Process]) -> None:
+    running = [p for p in processes if p.popen.poll() is None]
+    for p in running:
+        p.popen.terminate()
+    deadline = time.monotonic() + STOP
+    for p in running:
+        try:
+            p.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.popen.kill()
+            p.popen.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tofu_mx.launch",
+        description="Run CMD as N workers of MXNet's distributed KVStore on this machine, "
+                    "with ps-lite's scheduler and S servers.")
+    parser.add_argument("-n", "--workers", type=int, required=True, help="worker processes")
+    parser.add_argument("-s", "--servers", type=int, default=1, help="server processes")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the command each worker runs, after --")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        return launch(command, args.workers, args.servers)
+    except TofuError as e:
+        print(f"python -m tofu_mx.launch: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
