@@ -68,24 +68,41 @@ def finish_times(tasks: Sequence[Task]) -> list[float]:
                              f"{task.after}")
         for a in set(task.after):
             readers[a].append(k)
-    free: dict[tuple, float] = {}
     ready = [0.0] * len(tasks)
     done = [0.0] * len(tasks)
-    queue = [(0.0, k) for k, n in enumerate(waiting) if n == 0]
-    heapq.heapify(queue)
-    while queue:
-        start, k = heapq.heappop(queue)
+    queued: dict[tuple, list] = {}      # resource -> its ready tasks, (ready time, position)
+    free: dict[tuple, float] = {}       # resource -> when it is next free
+    due: dict[tuple, float] = {}        # resource -> when it starts its next task
+    starts: list = []                   # (start, resource index, resource), some stale
+    order = {r: i for i, r in enumerate(dict.fromkeys(task.resource for task in tasks))}
+
+    def offer(k: int) -> None:
         resource = tasks[k].resource
-        if start < free.get(resource, 0.0):      # its resource took an earlier-ready task
-            heapq.heappush(queue, (free[resource], k))
-            continue
+        heapq.heappush(queued.setdefault(resource, []), (ready[k], k))
+        start = max(free.get(resource, 0.0), queued[resource][0][0])
+        if due.get(resource) != start:
+            due[resource] = start
+            heapq.heappush(starts, (start, order[resource], resource))
+
+    for k, n in enumerate(waiting):
+        if n == 0:
+            offer(k)
+    while starts:
+        start, _, resource = heapq.heappop(starts)
+        if due.get(resource) != start or not queued.get(resource):
+            continue                    # superseded
+        _, k = heapq.heappop(queued[resource])
         done[k] = start + tasks[k].seconds
         free[resource] = done[k]
+        del due[resource]
+        if queued[resource]:
+            due[resource] = max(done[k], queued[resource][0][0])
+            heapq.heappush(starts, (due[resource], order[resource], resource))
         for r in readers[k]:
             ready[r] = max(ready[r], done[k])
             waiting[r] -= 1
             if not waiting[r]:
-                heapq.heappush(queue, (max(ready[r], free.get(tasks[r].resource, 0.0)), r))
+                offer(r)
     return done
 
 
@@ -157,7 +174,7 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
         d, after = device_of(i), [forward[i]]
         if i in mirrored:            # its gradient reads its copy, built again
             after.append(rebuild(i))
-        else:
+        elif any(e.node in mirrored for e in node.inputs):
             after.extend(rebuild(node.inputs[p].node)
                          for p in backward_reads(node, graph)[0]
                          if node.inputs[p].node in mirrored)
