@@ -60,6 +60,7 @@ class Machine:
     #: (operator, fraction of ``flops`` it reaches), measured where one falls short of the rest
     efficiency: tuple[tuple[str, float], ...] = ()
     host_shared: int = 1        # devices sharing one ``host`` link (a PCIe switch's uplink)
+    bridge_shared: bool = False  # transfers between two groups share one ``bridge`` per way
     #: (operator, input position): kernels that loop over the batch (the output's first
     #: axis) one sample at a time, reading that input (the weight) once per sample
     per_sample: tuple[tuple[str, int], ...] = ()
@@ -85,6 +86,7 @@ class Machine:
             raise InvalidArgumentError(
                 f"Machine {self.name!r}: {self.num_devices} devices do not share host links "
                 f"{self.host_shared} each; give a number that divides the device count")
+        set_(self, "bridge_shared", arguments.flag(self.bridge_shared, "Machine.bridge_shared"))
         set_(self, "shared_compute", arguments.flag(self.shared_compute,
                                                     "Machine.shared_compute"))
         set_(self, "efficiency", tuple(
@@ -122,8 +124,10 @@ def _pcie3() -> Link:
 PRESETS: dict[str, Machine] = {m.name: m for m in (
     Machine("8xV100-16GB-PCIe", 8, 16 * GiB, 14.0e12, 900 * GB, 5e-6, 4,
             peer=Link(10 * GB, 10e-6), bridge=Link(8 * GB, 15e-6), host=_pcie3(), host_shared=4,
+            bridge_shared=True,
             source="Tesla V100 PCIe data sheet (14 TFLOP/s float32, 900 GB/s, 16 GB); two "
-                   "PCIe 3.0 x16 switches of 4 GPUs, each switch one x16 link to the host; "
+                   "PCIe 3.0 x16 switches of 4 GPUs, each switch one x16 link to the host, "
+                   "which the transfers between the switches share; "
                    "links assumed, not measured here: 10 GB/s peer-to-peer within a switch, "
                    "8 GB/s across the host bridge, 12 GB/s to host (of 15.75 GB/s nominal)"),
     Machine("8xV100-32GB-NVLink", 8, 32 * GiB, 15.7e12, 900 * GB, 5e-6, 4,

@@ -250,9 +250,16 @@ def _processor(machine: Machine, device: int) -> tuple:
 
 
 def _carrier(machine: Machine, src: int, dst: int) -> tuple:
-    """The resource a copy from ``src`` to ``dst`` takes: one direction of their link, or,
-    where the devices share one processor (``cpu(i)``), that processor, which copies."""
-    return ("device", 0) if machine.shared_compute else ("link", src, dst)
+    """The resource a copy from ``src`` to ``dst`` takes: one direction of their link; one
+    direction of the bridge between their groups where the machine's groups share it
+    (``Machine.bridge_shared``: a PCIe switch's uplink); or, where the devices share one
+    processor (``cpu(i)``), that processor, which copies."""
+    if machine.shared_compute:
+        return ("device", 0)
+    g = machine.group_size
+    if machine.bridge_shared and src // g != dst // g:
+        return ("link", "bridge", src // g, dst // g)
+    return ("link", src, dst)
 
 
 __all__ = ["BACKWARD_RATIO", "Task", "finish_times", "roofline_seconds", "step_tasks"]

@@ -69,6 +69,24 @@ def test_a_weight_placed_away_from_its_reader_crosses_over_and_its_gradient_back
     assert names.index("fc_weight->0") in tasks[names.index("fc")].after
 
 
+def test_transfers_between_pcie_switches_share_the_switches_uplink(two_devices):
+    """fc on device 0 (first switch), relu on device 4 (second switch): on the PCIe machine
+    every transfer from the first switch to the second takes one resource, the uplink, so
+    such transfers queue; on a machine with a link per pair they do not."""
+    graph, placed = two_devices
+    pcie = sim.machine("8xV100-16GB-PCIe")
+    on = lambda i: 4 * placed(i)      # noqa: E731
+    assert pcie.bridge_shared
+    resources = {t.name: t.resource for t in step_tasks(graph, on, pcie)}
+    assert resources["fc->4"] == ("link", "bridge", 0, 1)
+    assert resources["dfc<-4"] == ("link", "bridge", 1, 0)
+    own = dataclasses.replace(pcie, bridge_shared=False)
+    assert {t.name: t.resource for t in step_tasks(graph, on, own)}["fc->4"] == ("link", 0, 4)
+    # within a switch, each pair its own link
+    assert {t.name: t.resource for t in step_tasks(graph, placed, pcie)}["fc->1"] == \
+        ("link", 0, 1)
+
+
 def test_a_kernel_run_per_sample_reads_its_weight_once_per_sample():
     """MXNet's CPU convolution: one matrix product per sample, each reading the weight
     (3 x 2 x 3 x 3 float32: 216 B). On a machine whose bytes bound every operator, a batch
