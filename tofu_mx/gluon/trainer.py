@@ -4,7 +4,13 @@ only its own parameter shards, and each shard's optimizer state lives with it.
 Any ``mx.optimizer`` works (by name or instance, with its ``lr_scheduler``): every shard is
 one index of the optimizer, whose ``param_dict`` maps it to its Gluon ``Parameter`` so
 ``lr_mult`` and ``wd_mult`` apply as in ``gluon.Trainer``. The update is local
-(``update_on_kvstore=False``): no KVStore, no whole gradient anywhere.
+(``update_on_kvstore=False``): no whole gradient anywhere.
+
+Several workers (``kvstore="dist_sync"`` or ``"horovod"``, see
+:mod:`tofu_mx.gluon.distributed`) train data-parallel: each shard's gradient is summed over
+the workers as its own key, then each worker updates its shards locally. As in Gluon,
+``step(batch_size)`` divides the summed gradient by ``batch_size``: pass the batch of all
+workers together for the update one process would make on that whole batch.
 
 ``save_states`` writes the file ``gluon.Trainer.save_states`` writes for the unpartitioned
 block (states whole, keyed by the parameter's index in ``sorted(block.collect_params())``, as
@@ -24,22 +30,29 @@ import numpy as np
 from tofu_mx import arguments
 from tofu_mx.errors import CheckpointError, InvalidArgumentError
 from tofu_mx.files import atomic_write_bytes, check_writable
+from tofu_mx.gluon import distributed
 from tofu_mx.gluon.block import PartitionedBlock
 
 
 class Trainer:
     """``gluon.Trainer`` for a partitioned block: ``Trainer(pnet, "sgd", {"learning_rate":
-    0.1, "momentum": 0.9})``, then ``trainer.step(batch_size)`` after each backward pass."""
+    0.1, "momentum": 0.9})``, then ``trainer.step(batch_size)`` after each backward pass.
+
+    ``kvstore``: None (or ``"local"``, ``"device"``) for one process; ``"dist_sync"`` (or a
+    ``dist_sync`` ``mx.kv.KVStore``) or ``"horovod"`` for data parallelism across workers
+    that each partitioned the block alike (checked here, on every worker). Every worker then
+    starts from worker 0's parameter values. The KVStore's keys 0, 1, 2, ... are the
+    Trainer's."""
 
     def __init__(self, block: PartitionedBlock, optimizer: Any = "sgd",
-                 optimizer_params: Mapping[str, Any] | None = None):
+                 optimizer_params: Mapping[str, Any] | None = None, kvstore: Any = None):
         if not isinstance(block, PartitionedBlock):
             raise InvalidArgumentError(
                 f"tofu_mx.gluon.Trainer takes the block tofu_mx.gluon.partition returns, got "
                 f"{type(block).__name__}; for an unpartitioned block use gluon.Trainer")
         self.block = block
-        self._shards = [(s, w, g) for s, w, g in block.shard_arrays(("param",))
-                        if g is not None]
+        param_shards = block.shard_arrays(("param",))
+        self._shards = [(s, w, g) for s, w, g in param_shards if g is not None]
         # gluon.Trainer(block.collect_params()) numbers the parameters in sorted key order
         params = block.source.collect_params()
         self._param_index = {params[key].name: i for i, key in enumerate(sorted(params.keys()))}
@@ -65,10 +78,35 @@ class Trainer:
         self._by_device: dict[Any, list[int]] = {}
         for i, (_, w, _) in enumerate(self._shards):
             self._by_device.setdefault(w.context, []).append(i)
+        # last: the other workers wait for this one from here on
+        self._collective = distributed.connect(kvstore)
+        if self._collective is not None:
+            distributed.check_same_plan(self._collective,
+                                        distributed.plan_fingerprint(block.partitioned))
+            keys = {s.name: distributed.SHARD_KEYS + i
+                    for i, (s, _, _) in enumerate(param_shards)}
+            self._collective.broadcast([keys[s.name] for s, _, _ in param_shards],
+                                       [w for _, w, _ in param_shards])
+            self._keys = [keys[s.name] for s, _, _ in self._shards]
 
     @property
     def optimizer(self) -> mx.optimizer.Optimizer:
         return self._optimizer
+
+    @property
+    def rank(self) -> int:
+        """This worker's number, 0 to ``num_workers - 1`` (0 in a run of one process)."""
+        return self._collective.rank if self._collective is not None else 0
+
+    @property
+    def num_workers(self) -> int:
+        """How many workers train together (1 without a distributed ``kvstore``)."""
+        return self._collective.num_workers if self._collective is not None else 1
+
+    @property
+    def kvstore(self) -> mx.kv.KVStore | None:
+        """The distributed KVStore the gradients are summed through (None otherwise)."""
+        return self._collective.kvstore if self._collective is not None else None
 
     @property
     def learning_rate(self) -> float:
@@ -86,8 +124,10 @@ class Trainer:
 
     def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         """One update of every shard with its gradient scaled by ``1 / batch_size``, as
-        ``gluon.Trainer.step``. Waits for the backward pass to finish first (needed when it
-        ran through autograd: MXNet's threaded engine can otherwise hang)."""
+        ``gluon.Trainer.step``; with several workers, the gradient summed over them first
+        (every worker must call it, with the same ``batch_size``). Waits for the backward
+        pass to finish first (needed when it ran through autograd: MXNet's threaded engine
+        can otherwise hang)."""
         batch_size = arguments.count(batch_size, "batch_size", example="trainer.step(x.shape[0])")
         ignore_stale_grad = arguments.flag(ignore_stale_grad, "ignore_stale_grad")
         mx.nd.waitall()
@@ -96,6 +136,8 @@ class Trainer:
                 "the gradients have not been computed since the last step: call "
                 "pnet.step(x, y), or loss.backward() after pnet(x, y) under autograd.record(), "
                 "before trainer.step (or pass ignore_stale_grad=True)")
+        if self._collective is not None:
+            self._collective.all_reduce(self._keys, [g for _, _, g in self._shards])
         self._optimizer.rescale_grad = self._scale / batch_size
         for ctx, indices in self._by_device.items():
             self._updater(list(indices), [self._shards[i][2] for i in indices],

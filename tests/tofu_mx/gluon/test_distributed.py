@@ -1,0 +1,105 @@
+"""tofu_mx.gluon.Trainer across workers: two workers x 2 CPU devices with dist_sync, on batch
+B each, train as one process x 2 CPU devices on batch 2B (every parameter and every loss, in
+float64), launched by tofu_mx.launch; workers that partitioned differently refuse to train."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import tofu_mx.gluon as tg
+from tofu_mx.errors import InvalidArgumentError
+from tofu_mx.gluon import distributed
+
+sys.path.insert(0, os.path.dirname(__file__))
+import dist_worker as W  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(__file__), "dist_worker.py")
+#: float64; the two runs differ only in where the batch's gradient sum is split
+RTOL, ATOL = 1e-10, 1e-12
+
+
+def launch(tmp_path, optimizer, kvstore="dist_sync", workers=2, timeout=110):
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "tofu_mx.launch", "-n", str(workers), "--",
+                           sys.executable, WORKER, str(tmp_path), optimizer, kvstore],
+                          capture_output=True, text=True, timeout=timeout)
+    return done, time.monotonic() - start
+
+
+def reference(tmp_path, optimizer, workers=2):
+    """One process, the same 2 devices, batch B x workers, from worker 0's initial values."""
+    net = W.make_net(seed=0)
+    net.load_parameters(str(tmp_path / "init.params"), ctx=mx.cpu(0))
+    pnet = tg.partition(net, W.DEVICES, loss=W.LOSS, data=(W.B * workers, W.FEATURES),
+                        label=(W.B * workers,))
+    trainer = tg.Trainer(pnet, optimizer, W.OPTIMIZERS[optimizer])
+    losses = []
+    for step in range(W.STEPS):
+        x, y = W.global_batch(step, workers)
+        losses.append(pnet.step(mx.nd.array(x, dtype="float64"),
+                                mx.nd.array(y, dtype="float64")).asnumpy())
+        trainer.step(W.B * workers)
+    path = tmp_path / "reference.params"
+    pnet.export_parameters(str(path))
+    return np.array(losses), {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_two_workers_train_as_one_process_on_their_joint_batch(optimizer, tmp_path):
+    done, seconds = launch(tmp_path, optimizer)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert seconds < 120
+    want_losses, want = reference(tmp_path, optimizer)
+    runs = [json.loads((tmp_path / f"worker-{r}.json").read_text()) for r in range(2)]
+    assert [(r["rank"], r["workers"]) for r in runs] == [(0, 2), (1, 2)]
+    # each worker's losses are its rows of the joint batch's
+    got_losses = np.concatenate([np.array(r["losses"]) for r in runs], axis=1)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=RTOL, atol=ATOL)
+    start = {k: v.asnumpy() for k, v in mx.nd.load(str(tmp_path / "init.params")).items()}
+    for r in range(2):
+        got = {k: v.asnumpy() for k, v in
+               mx.nd.load(str(tmp_path / f"worker-{r}.params")).items()}
+        assert sorted(got) == sorted(want)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=RTOL, atol=ATOL, err_msg=k)
+            assert not np.allclose(got[k], start[k]), f"{k} was not trained"
+
+
+def test_workers_that_partitioned_differently_refuse_to_train(tmp_path):
+    done, _ = launch(tmp_path, "mismatch")
+    assert done.returncode != 0
+    assert "did not partition alike: worker(s) [" in done.stdout, done.stdout[-3000:]
+    assert not list(tmp_path.glob("worker-*"))
+
+
+def test_kvstore_errors_are_clear(monkeypatch):
+    for var in distributed.DMLC_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    net = W.make_net(seed=0)
+    pnet = tg.partition(net, W.DEVICES, loss=W.LOSS, data=(W.B, W.FEATURES), label=(W.B,))
+    for kvstore, match in [("dist_sync", "no DMLC_ROLE, DMLC_PS_ROOT_URI"),
+                           ("dist_async", "is asynchronous"),
+                           ("nccl2", "unknown kvstore 'nccl2'"),
+                           (3, "kvstore must be None, a name")]:
+        with pytest.raises(InvalidArgumentError, match=match):
+            tg.Trainer(pnet, "sgd", kvstore=kvstore)
+    trainer = tg.Trainer(pnet, "sgd", kvstore=mx.kv.create("local"))
+    assert (trainer.rank, trainer.num_workers, trainer.kvstore) == (0, 1, None)
+
+
+def test_horovod_is_refused_clearly_where_it_does_not_import():
+    try:
+        import horovod.mxnet  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("Horovod imports here: tests/tofu_mx/gluon/test_horovod.py runs it")
+    net = W.make_net(seed=0)
+    pnet = tg.partition(net, W.DEVICES, loss=W.LOSS, data=(W.B, W.FEATURES), label=(W.B,))
+    with pytest.raises(InvalidArgumentError, match="needs Horovod with MXNet support"):
+        tg.Trainer(pnet, "sgd", kvstore="horovod")

@@ -1,0 +1,192 @@
+"""Data parallelism across workers for :class:`tofu_mx.gluon.Trainer`.
+
+Inside each worker (a process, typically one machine), Tofu splits the model over that
+worker's devices. Across workers, the replicas train data-parallel: every worker holds the
+same shards on its devices, and before each update every shard's gradient is summed over the
+workers, shard by shard (each shard is its own key), by one of two maintained engines:
+
+- MXNet's distributed KVStore (``kvstore="dist_sync"``, ps-lite's servers). Its servers only
+  sum: each worker then updates its own shards with its own, sharded optimizer state, as
+  ``gluon.Trainer(update_on_kvstore=False)`` does. The workers are started by
+  ``python -m tofu_mx.launch`` on one machine, or by MXNet's ``tools/launch.py`` on a
+  cluster (they set the ``DMLC_*`` variables).
+- Horovod (``kvstore="horovod"``, where ``horovod.mxnet`` imports): an all-reduce among the
+  workers ``horovodrun`` starts.
+
+At start-up, the workers check that they partitioned the same way (a fingerprint of the
+graph and of every shard: device, box, dtype) and take worker 0's parameter values, as
+``gluon.Trainer`` broadcasts them. Auxiliary states (BatchNorm's moving statistics) stay
+each worker's own, as in Gluon.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Sequence
+
+import mxnet as mx
+import numpy as np
+
+from tofu_mx.arguments import show
+from tofu_mx.errors import InvalidArgumentError, TofuError
+from tofu_mx.runtime.partitioned import PartitionedSymbol
+from tofu_mx.search.plan import graph_fingerprint
+
+#: the variables ps-lite reads; tofu_mx.launch and MXNet's tools/launch.py set them
+DMLC_VARIABLES = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
+                  "DMLC_NUM_WORKER")
+#: keys of the KVStore the Trainer uses: the plan's fingerprint, the workers' votes on it,
+#: then one key per parameter shard from SHARD_KEYS on
+FINGERPRINT_KEY, VOTE_KEY, SHARD_KEYS = 0, 1, 2
+_LAUNCH_HINT = ("start the workers with python -m tofu_mx.launch -n 2 -- python train.py ... "
+                "on one machine, or MXNet's tools/launch.py on a cluster")
+
+
+class Collective:
+    """Sums and broadcasts among the workers of a distributed run (one of two engines)."""
+
+    name: str
+    rank: int
+    num_workers: int
+    kvstore: mx.kv.KVStore | None = None
+
+    def broadcast(self, keys: Sequence[int], arrays: Sequence[mx.nd.NDArray]) -> None:
+        """Worker 0's values of ``arrays`` into every worker's, in place."""
+        raise NotImplementedError
+
+    def all_reduce(self, keys: Sequence[int], arrays: Sequence[mx.nd.NDArray]) -> None:
+        """Each array replaced by its sum over the workers, in place."""
+        raise NotImplementedError
+
+
+class _KVStore(Collective):
+    """MXNet's distributed KVStore: servers that sum what the workers push (no updater)."""
+
+    def __init__(self, kv: mx.kv.KVStore):
+        self.kvstore = kv
+        self.name = kv.type
+        self.rank = kv.rank
+        self.num_workers = kv.num_workers
+        self._known: set[int] = set()
+
+    def _init(self, keys, arrays) -> None:
+        new = [(k, a) for k, a in zip(keys, arrays) if k not in self._known]
+        if new:     # dist_sync keeps worker 0's values, then waits for every worker
+            self.kvstore.init([k for k, _ in new], [a for _, a in new])
+            self._known.update(k for k, _ in new)
+
+    def broadcast(self, keys, arrays) -> None:
+        self._init(keys, arrays)
+        self.kvstore.pull(list(keys), out=list(arrays))
+
+    def all_reduce(self, keys, arrays) -> None:
+        self._init(keys, arrays)
+        # a server without an updater stores the sum of the round's pushes; pull returns it.
+        # Later keys first, as gluon.Trainer orders them (priority -key).
+        for k, a in zip(keys, arrays):
+            self.kvstore.pushpull(k, a, out=a, priority=-k)
+
+
+class _Horovod(Collective):
+    """Horovod's all-reduce among the workers ``horovodrun`` starts."""
+
+    def __init__(self, hvd):
+        hvd.init()
+        self._hvd = hvd
+        self.name = "horovod"
+        self.rank = hvd.rank()
+        self.num_workers = hvd.size()
+
+    def broadcast(self, keys, arrays) -> None:
+        for k, a in zip(keys, arrays):
+            self._hvd.broadcast_(a, root_rank=0, name=f"tofu_mx.{k}")
+
+    def all_reduce(self, keys, arrays) -> None:
+        for k, a in zip(keys, arrays):
+            self._hvd.allreduce_(a, op=self._hvd.Sum, name=f"tofu_mx.{k}", priority=-k)
+
+
+def connect(kvstore: Any) -> Collective | None:
+    """The engine ``kvstore`` names (``Trainer``'s argument), or None for a run of one
+    worker: None, ``"local"`` and ``"device"`` (the shards are on their devices already)."""
+    if kvstore is None:
+        return None
+    if isinstance(kvstore, mx.kv.KVStore):
+        kind = kvstore.type
+        if "dist" not in kind:
+            return None
+        _check_sync(kind)
+        return _KVStore(kvstore)
+    if not isinstance(kvstore, str):
+        raise InvalidArgumentError(
+            f"kvstore must be None, a name ('dist_sync', 'horovod') or an mx.kv.KVStore, got "
+            f"{type(kvstore).__name__} {show(kvstore)}")
+    if kvstore in ("local", "device"):
+        return None
+    if kvstore == "horovod":
+        try:
+            import horovod.mxnet as hvd
+        except ImportError as e:
+            raise InvalidArgumentError(
+                f"kvstore='horovod' needs Horovod with MXNet support, which does not import "
+                f"here ({e}); install it (make test-horovod shows how: HOROVOD_WITH_MXNET=1 "
+                f"pip install --no-build-isolation horovod) or use kvstore='dist_sync'"
+            ) from None
+        return _Horovod(hvd)
+    if not kvstore.startswith("dist"):
+        raise InvalidArgumentError(
+            f"unknown kvstore {kvstore!r}; use 'dist_sync' (MXNet's parameter servers), "
+            f"'horovod', or None for one worker")
+    _check_sync(kvstore)
+    missing = [v for v in DMLC_VARIABLES if not os.environ.get(v)]
+    if missing:
+        raise InvalidArgumentError(
+            f"kvstore={kvstore!r} runs among workers a launcher started, but this process has "
+            f"no {', '.join(missing)} in its environment; {_LAUNCH_HINT}")
+    try:
+        kv = mx.kv.create(kvstore)
+    except mx.base.MXNetError as e:
+        raise InvalidArgumentError(f"cannot create the KVStore {kvstore!r}: "
+                                   f"{str(e).strip().splitlines()[-1]}; {_LAUNCH_HINT}") from None
+    return _KVStore(kv)
+
+
+def _check_sync(kind: str) -> None:
+    if "async" in kind:
+        raise InvalidArgumentError(
+            f"kvstore {kind!r} is asynchronous: its servers apply each worker's update on its "
+            f"own, which needs the optimizer on the servers, while tofu_mx's Trainer keeps each "
+            f"shard's optimizer state on its device; use 'dist_sync'")
+
+
+def plan_fingerprint(partitioned: PartitionedSymbol) -> str:
+    """A digest of how a graph was partitioned: the graph, the device count, and every
+    shard's name, source, kind, device, box and dtype (what the workers' keys stand for)."""
+    h = hashlib.sha256(graph_fingerprint(partitioned.graph).encode())
+    h.update(json.dumps([len(partitioned.contexts)] + [
+        [s.name, s.source, s.kind, s.device, [list(b) for b in s.box], s.dtype]
+        for s in partitioned.shards]).encode())
+    return h.hexdigest()
+
+
+def check_same_plan(collective: Collective, fingerprint: str) -> None:
+    """Raise :class:`tofu_mx.TofuError` on every worker unless all partitioned alike: each
+    compares its fingerprint with worker 0's, then the workers sum their votes."""
+    # 32 bytes as 16 numbers below 2**16: exact in any float dtype a KVStore carries
+    ours = np.frombuffer(bytes.fromhex(fingerprint), dtype=">u2").astype(np.float32)
+    theirs = mx.nd.array(ours, dtype="float32")
+    collective.broadcast([FINGERPRINT_KEY], [theirs])
+    vote = np.zeros(collective.num_workers, dtype=np.float32)
+    vote[collective.rank] = float(not np.array_equal(theirs.asnumpy(), ours))
+    votes = mx.nd.array(vote, dtype="float32")
+    collective.all_reduce([VOTE_KEY], [votes])
+    differ = [r for r, v in enumerate(votes.asnumpy()) if v]
+    if differ:
+        head = theirs.asnumpy().astype(">u2").tobytes().hex()[:12]
+        raise TofuError(
+            f"the {collective.num_workers} workers of this {collective.name} run did not "
+            f"partition alike: worker(s) {differ} differ from worker 0 (plan fingerprint "
+            f"{head}..., this worker's {fingerprint[:12]}...). Every worker must partition the "
+            f"same block (same parameter names: build it the same way) for the same batch shape, "
+            f"dtype, device count and memory_budget/options (the search is deterministic)")
