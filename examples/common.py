@@ -29,6 +29,7 @@ from mxnet import autograd, gluon  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import tofu_mx.gluon as tg  # noqa: E402
+from tofu_mx.gluon import distributed  # noqa: E402
 from tofu_mx.devices import check_available, parse_devices  # noqa: E402
 from tofu_mx.files import atomic_write  # noqa: E402
 from tofu_mx.summary import format_bytes, parse_bytes  # noqa: E402
@@ -71,7 +72,15 @@ EPILOG = "\n\n".join(textwrap.fill(paragraph, 88) for paragraph in (
     "checkpoint.json (step, loss curve, flags), which commits them. --resume continues from "
     "it at any device count, with the same model, data and optimizer flags. Dropout masks "
     "are not part of a checkpoint: a network with Dropout resumes, but not on exactly the "
-    "curve it would have followed."))
+    "curve it would have followed. With --kvstore, worker 0 writes it, and every worker of "
+    "the resumed run reads it, at any number of workers.",
+    "--kvstore dist_sync trains data-parallel across workers, each partitioning the model "
+    "over its own --devices, through MXNet's parameter servers; start it with "
+    "python -m tofu_mx.launch -n 2 -- python examples/train_rnn.py --kvstore dist_sync on "
+    "one machine, or MXNet's tools/launch.py on several. --kvstore horovod uses Horovod "
+    "(horovodrun -np 2 python ...). Each worker trains its rows of every --batch-size batch "
+    "and the loss curve is the whole batch's, so it matches a run of one process. "
+    "BatchNorm's batch statistics are then each worker's own rows', as in Gluon."))
 
 
 class ExampleError(Exception):
@@ -166,6 +175,9 @@ def parser(description: str, *, batch_size: int, lr: float, steps_total: int = 5
     add("--checkpoint-every", type=positive_int, metavar="N")
     add("--resume", action="store_true", help="continue from the checkpoint in --checkpoint")
     add("--compare", action="store_true", help="also train with plain Gluon (see below)")
+    add("--kvstore", choices=("dist_sync", "horovod"), default=None,
+        help="train data-parallel across workers (see below); --batch-size is then the "
+             "batch of all workers together, each training its own rows of it")
     add("--kill-after-step", type=positive_int, help=argparse.SUPPRESS)  # tests: SIGKILL
     return p
 
@@ -179,6 +191,9 @@ def run(p: Parser, build_task: Callable[[argparse.Namespace], Task],
         p.error("--resume and --checkpoint-every need --checkpoint DIR")
     if args.compare and args.init != "host":
         p.error("--compare needs --init host (plain Gluon starts from the same whole values)")
+    if args.compare and args.kvstore:
+        p.error("--compare runs plain Gluon in this process on the whole batch; leave it out "
+                "with --kvstore (train once without --kvstore to compare the curves)")
     try:
         return train(args, build_task(args))
     except (ExampleError, tofu_mx.TofuError) as e:
@@ -392,6 +407,28 @@ def resume(args, blob: dict, pnet, trainer, refs: list[Reference]) -> tuple[int,
 
 
 # --- training ------------------------------------------------------------------------------
+@dataclass
+class Workers:
+    """This process's place in a --kvstore run: its rows of each batch."""
+
+    collective: Any          # what tofu_mx.gluon.distributed.connect returned, or None
+    rank: int
+    count: int
+    rows: slice
+
+
+def workers(args) -> Workers:
+    collective = distributed.connect(args.kvstore)
+    if collective is None:
+        return Workers(None, 0, 1, slice(None))
+    rank, count = collective.rank, collective.num_workers
+    if args.batch_size % count:
+        raise ExampleError(f"--batch-size {args.batch_size} (the batch of all workers) does "
+                           f"not split evenly over {count} workers; give a multiple of {count}")
+    each = args.batch_size // count
+    return Workers(collective, rank, count, slice(rank * each, (rank + 1) * each))
+
+
 def train(args, task: Task) -> int:
     check_available(args.devices)
     config = run_config(args, task)
@@ -402,25 +439,30 @@ def train(args, task: Task) -> int:
     if args.compare and switch_off_dropout(net):
         print("--compare: Dropout switched off in every run (its random masks differ between "
               "runs)")
-    pnet = partition(args, task, net)
-    trainer = tg.Trainer(pnet, args.optimizer, optimizer_params(args))
+    team = workers(args)
+    pnet = partition(args, task, net, team)
+    trainer = tg.Trainer(pnet, args.optimizer, optimizer_params(args), kvstore=team.collective)
     refs = references(args, task, net) if args.compare else []
     start, curve = 0, []
     if blob is not None:
         start, curve = resume(args, blob, pnet, trainer, refs)
         print(f"resumed from {args.checkpoint} at step {start}")
-    seconds = loop(args, task, pnet, trainer, refs, start, curve, config)
-    report(args, curve, start, seconds, trainer)
+    seconds = loop(args, task, pnet, trainer, refs, start, curve, config, team)
+    report(args, curve, start, seconds, trainer, team)
     return compare(args, curve, start, refs) if refs else 0
 
 
-def partition(args, task: Task, net: gluon.HybridBlock) -> tg.PartitionedBlock:
-    """``net`` partitioned over --devices for the task's batch shape, with its loss."""
+def partition(args, task: Task, net: gluon.HybridBlock, team: Workers) -> tg.PartitionedBlock:
+    """``net`` partitioned over --devices for this worker's batch shape, with its loss."""
     x, y = task.data.batch(0)
+    x, y = x[team.rows], y[team.rows]
     started = time.perf_counter()
     pnet = tg.partition(net, args.devices, loss=task.loss, data=x.shape, label=y.shape,
                         dtype=args.dtype, init=task.init, memory_budget=args.memory_budget)
-    print(f"{task.title}, batch {args.batch_size}, {args.dtype}: partitioned over "
+    if team.collective is not None:
+        print(f"worker {team.rank} of {team.count} ({args.kvstore}): rows "
+              f"{team.rows.start}-{team.rows.stop - 1} of each batch of {args.batch_size}")
+    print(f"{task.title}, batch {x.shape[0]}, {args.dtype}: partitioned over "
           f"{len(args.devices)} devices ({', '.join(map(str, args.devices))}) in "
           f"{time.perf_counter() - started:.1f} s")
     fallbacks = pnet.partitioned.fallbacks
@@ -430,16 +472,20 @@ def partition(args, task: Task, net: gluon.HybridBlock) -> tg.PartitionedBlock:
     return pnet
 
 
-def loop(args, task, pnet, trainer, refs, start, curve, config) -> float:
-    """Train steps start+1 .. --steps-total; returns the seconds the partitioned steps took."""
+def loop(args, task, pnet, trainer, refs, start, curve, config, team: Workers) -> float:
+    """Train steps start+1 .. --steps-total; returns the seconds the partitioned steps took.
+    The loss curve is the mean over the whole batch (all workers' rows: the same curve at any
+    worker count). Worker 0 alone shows progress and writes checkpoints."""
     seconds = 0.0
-    bar = tqdm(total=args.steps_total, initial=start, unit="step", dynamic_ncols=True)
+    bar = tqdm(total=args.steps_total, initial=start, unit="step", dynamic_ncols=True,
+               disable=team.rank != 0)
     for step in range(start + 1, args.steps_total + 1):
         x, y = task.data.batch(step - 1)
         tick = time.perf_counter()
-        losses = pnet.step(mx.nd.array(x, dtype=args.dtype), mx.nd.array(y, dtype=args.dtype))
+        losses = pnet.step(mx.nd.array(x[team.rows], dtype=args.dtype),
+                           mx.nd.array(y[team.rows], dtype=args.dtype))
         trainer.step(args.batch_size)
-        curve.append(mean(losses))
+        curve.append(float(np.mean(trainer.all_gather(mean(losses)))))
         seconds += time.perf_counter() - tick
         for ref in refs:
             ref.step(task.loss, x, y)
@@ -447,7 +493,7 @@ def loop(args, task, pnet, trainer, refs, start, curve, config) -> float:
         bar.set_postfix_str(f"loss {curve[-1]:.4f}, "
                             f"{done * args.batch_size / seconds:.1f} samples/s")
         bar.update(1)
-        if args.checkpoint and (step == args.steps_total or
+        if args.checkpoint and team.rank == 0 and (step == args.steps_total or
                                 (args.checkpoint_every and step % args.checkpoint_every == 0)):
             save_checkpoint(args.checkpoint, step, curve, config, pnet, trainer)
         if step == args.kill_after_step:
@@ -458,12 +504,13 @@ def loop(args, task, pnet, trainer, refs, start, curve, config) -> float:
     return seconds
 
 
-def report(args, curve, start, seconds, trainer) -> None:
+def report(args, curve, start, seconds, trainer, team: Workers) -> None:
     print(f"loss curve ({len(curve)} steps): " + " ".join(f"{v:.6f}" for v in curve))
     done = args.steps_total - start
     if done > 0:
         print(f"trained steps {start + 1}-{args.steps_total} of {args.steps_total}: "
-              f"{done * args.batch_size / seconds:.1f} samples/s ({seconds:.2f} s in "
+              f"{done * args.batch_size / seconds:.1f} samples/s"
+              f"{f' over {team.count} workers' if team.count > 1 else ''} ({seconds:.2f} s in "
               f"partitioned steps)")
     else:
         print(f"nothing to train: the checkpoint is at step {start} of {args.steps_total}")

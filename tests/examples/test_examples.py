@@ -95,8 +95,52 @@ def test_a_killed_run_resumes_at_another_device_count_on_the_same_curve(tmp_path
     assert printed_curve(resumed.stdout) == pytest.approx(a["losses"], abs=1e-6)
 
 
+def launched(workers: int, script: str, *args: str) -> subprocess.CompletedProcess:
+    """``script`` as ``workers`` workers of python -m tofu_mx.launch."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "tofu_mx.launch", "-n", str(workers), "--",
+                           sys.executable, str(EXAMPLES / script), *SMALL[script], *args],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def test_two_workers_follow_one_process_curve_and_resume_at_another_count(tmp_path):
+    """train_rnn.py --kvstore dist_sync: 2 workers x 2 devices, each on its half of the batch,
+    print the whole batch's curve of one process; worker 0 alone writes the checkpoint, which
+    one process on 3 devices resumes on the curve an uninterrupted run follows."""
+    common = ["--dtype", "float64", "--batch-size", "4", "--checkpoint-every", "1"]
+    two = launched(2, "train_rnn.py", *common, "--steps-total", "2", "--devices", "cpu:2",
+                   "--kvstore", "dist_sync", "--checkpoint", str(tmp_path / "ck"))
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    assert sorted(re.findall(r"^\[worker \d\] (worker \d of 2 \(dist_sync\): rows \d-\d)",
+                             two.stdout, re.MULTILINE)) == [
+        "worker 0 of 2 (dist_sync): rows 0-1", "worker 1 of 2 (dist_sync): rows 2-3"]
+    curves = re.findall(r"^\[worker \d\] loss curve \(2 steps\): (.*)$", two.stdout, re.MULTILINE)
+    assert len(curves) == 2 and curves[0] == curves[1]
+    assert sorted(os.listdir(tmp_path / "ck")) == [
+        "checkpoint.json", "step-00000002.params", "step-00000002.states"]
+
+    resumed = run("train_rnn.py", *common, "--steps-total", "4", "--devices", "cpu:3",
+                  "--checkpoint", str(tmp_path / "ck"), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    whole = run("train_rnn.py", *common, "--steps-total", "4", "--devices", "cpu:2",
+                "--checkpoint", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    a, b = checkpoint(tmp_path / "ck"), checkpoint(tmp_path / "whole")
+    np.testing.assert_allclose(a["losses"], b["losses"], rtol=1e-7, atol=0)
+    np.testing.assert_allclose([float(v) for v in curves[0].split()], b["losses"][:2],
+                               rtol=1e-6)     # printed with 6 decimals
+
+    uneven = launched(2, "train_rnn.py", "--batch-size", "5", "--steps-total", "1",
+                      "--kvstore", "dist_sync")
+    assert uneven.returncode == 2
+    assert "error: --batch-size 5 (the batch of all workers) does not split evenly over 2 " \
+           "workers" in uneven.stdout
+
+
 @pytest.mark.parametrize("script, args, message", [
     ("train_rnn.py", ["--devices", "cpu:0"], r"argument --devices: .* names no device"),
+    ("train_rnn.py", ["--kvstore", "dist_sync", "--compare"],
+     r"--compare runs plain Gluon in this process"),
     ("train_gluon_zoo.py", ["--model", "resnet19"],
      r"argument --model: unknown model 'resnet19'; did you mean"),
 ])

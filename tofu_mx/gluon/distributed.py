@@ -36,9 +36,9 @@ from tofu_mx.search.plan import graph_fingerprint
 #: the variables ps-lite reads; tofu_mx.launch and MXNet's tools/launch.py set them
 DMLC_VARIABLES = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
                   "DMLC_NUM_WORKER")
-#: keys of the KVStore the Trainer uses: the plan's fingerprint, the workers' votes on it,
-#: then one key per parameter shard from SHARD_KEYS on
-FINGERPRINT_KEY, VOTE_KEY, SHARD_KEYS = 0, 1, 2
+#: keys of the KVStore the Trainer uses: the plan's fingerprint, a number from each worker
+#: (:func:`all_gather`), then one key per parameter shard from SHARD_KEYS on
+FINGERPRINT_KEY, GATHER_KEY, SHARD_KEYS = 0, 1, 2
 _LAUNCH_HINT = ("start the workers with python -m tofu_mx.launch -n 2 -- python train.py ... "
                 "on one machine, or MXNet's tools/launch.py on a cluster")
 
@@ -109,9 +109,11 @@ class _Horovod(Collective):
 
 def connect(kvstore: Any) -> Collective | None:
     """The engine ``kvstore`` names (``Trainer``'s argument), or None for a run of one
-    worker: None, ``"local"`` and ``"device"`` (the shards are on their devices already)."""
-    if kvstore is None:
-        return None
+    worker: None, ``"local"`` and ``"device"`` (the shards are on their devices already).
+    A script that needs its rank before it partitions (to pick its rows of the batch) calls
+    it first and gives the result to the Trainer."""
+    if kvstore is None or isinstance(kvstore, Collective):
+        return kvstore
     if isinstance(kvstore, mx.kv.KVStore):
         kind = kvstore.type
         if "dist" not in kind:
@@ -120,7 +122,8 @@ def connect(kvstore: Any) -> Collective | None:
         return _KVStore(kvstore)
     if not isinstance(kvstore, str):
         raise InvalidArgumentError(
-            f"kvstore must be None, a name ('dist_sync', 'horovod') or an mx.kv.KVStore, got "
+            f"kvstore must be None, a name ('dist_sync', 'horovod'), an mx.kv.KVStore or "
+            f"what tofu_mx.gluon.distributed.connect returns, got "
             f"{type(kvstore).__name__} {show(kvstore)}")
     if kvstore in ("local", "device"):
         return None
@@ -177,11 +180,8 @@ def check_same_plan(collective: Collective, fingerprint: str) -> None:
     ours = np.frombuffer(bytes.fromhex(fingerprint), dtype=">u2").astype(np.float32)
     theirs = mx.nd.array(ours, dtype="float32")
     collective.broadcast([FINGERPRINT_KEY], [theirs])
-    vote = np.zeros(collective.num_workers, dtype=np.float32)
-    vote[collective.rank] = float(not np.array_equal(theirs.asnumpy(), ours))
-    votes = mx.nd.array(vote, dtype="float32")
-    collective.all_reduce([VOTE_KEY], [votes])
-    differ = [r for r, v in enumerate(votes.asnumpy()) if v]
+    votes = all_gather(collective, float(not np.array_equal(theirs.asnumpy(), ours)))
+    differ = [r for r, v in enumerate(votes) if v]
     if differ:
         head = theirs.asnumpy().astype(">u2").tobytes().hex()[:12]
         raise TofuError(
@@ -190,3 +190,12 @@ def check_same_plan(collective: Collective, fingerprint: str) -> None:
             f"{head}..., this worker's {fingerprint[:12]}...). Every worker must partition the "
             f"same block (same parameter names: build it the same way) for the same batch shape, "
             f"dtype, device count and memory_budget/options (the search is deterministic)")
+
+
+def all_gather(collective: Collective, value: float) -> list[float]:
+    """Every worker's ``value``, by rank (float64, exact); every worker must call it."""
+    values = np.zeros(collective.num_workers, dtype=np.float64)
+    values[collective.rank] = value
+    out = mx.nd.array(values, dtype="float64")
+    collective.all_reduce([GATHER_KEY], [out])
+    return out.asnumpy().tolist()

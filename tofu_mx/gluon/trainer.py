@@ -39,7 +39,8 @@ class Trainer:
     0.1, "momentum": 0.9})``, then ``trainer.step(batch_size)`` after each backward pass.
 
     ``kvstore``: None (or ``"local"``, ``"device"``) for one process; ``"dist_sync"`` (or a
-    ``dist_sync`` ``mx.kv.KVStore``) or ``"horovod"`` for data parallelism across workers
+    ``dist_sync`` ``mx.kv.KVStore``, or what :func:`tofu_mx.gluon.distributed.connect`
+    returns) or ``"horovod"`` for data parallelism across workers
     that each partitioned the block alike (checked here, on every worker). Every worker then
     starts from worker 0's parameter values. The KVStore's keys 0, 1, 2, ... are the
     Trainer's."""
@@ -102,6 +103,18 @@ class Trainer:
     def num_workers(self) -> int:
         """How many workers train together (1 without a distributed ``kvstore``)."""
         return self._collective.num_workers if self._collective is not None else 1
+
+    def all_gather(self, value: float) -> list[float]:
+        """Every worker's ``value`` (a number, e.g. its mean loss), by rank: ``[value]`` in a
+        run of one process. Every worker must call it."""
+        if not arguments.is_real(value):    # NaN and infinities pass: a diverging loss
+            raise InvalidArgumentError(f"all_gather takes a number, got {type(value).__name__} "
+                                       f"{arguments.show(value)}; e.g. "
+                                       f"trainer.all_gather(float(loss.mean().asscalar()))")
+        value = float(value)
+        if self._collective is None:
+            return [value]
+        return distributed.all_gather(self._collective, value)
 
     @property
     def kvstore(self) -> mx.kv.KVStore | None:
