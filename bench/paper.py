@@ -2,6 +2,7 @@
 
     python bench/paper.py                  # about 10 minutes on 2 cores
     python bench/paper.py --quick          # the smallest model of each family
+    python bench/paper.py --machines-only  # only "Beyond one machine" (about a minute)
 
 For each model of the paper's two families on 8 devices of ``--machine`` (the paper's
 8xV100-16GB-PCIe by default): WResNet-50/101/152 with widening 4, 6, 8, 10 (224px images)
@@ -12,11 +13,15 @@ weight) with every strategy of :func:`tofu_mx.sim.simulate`, and reports
 
 - throughput relative to ``"ideal"`` (one device with unlimited memory);
 - the peak memory per device, and whether the strategy fits;
-- the largest model each strategy trains, against what one device holds.
+- the largest model each strategy trains, against what one device holds;
+- beyond one machine: the throughput of 1 to 16 such machines, data-parallel across them
+  and Tofu's plan inside each, for WResNet-152-W10 and LSTM-10x8K
+  (:func:`tofu_mx.sim.project_to_machines`).
 
 ``"tofu-memory"`` is simulated only where the default plan does not fit (where it does, the
 table shows the default plan). Writes bench/out/paper.md, bench/out/paper-throughput.png
-and bench/out/paper-memory.png; the committed run is in bench/results/.
+and bench/out/paper-memory.png (``--machines-only``: bench/out/paper-machines.md, simulating
+only those two models' tofu plans); the committed run is in bench/results/.
 """
 import argparse
 import concurrent.futures
@@ -38,6 +43,8 @@ SHOWN = ("ideal", "data_parallel", "swap", "placement", "tofu")
 ALTERNATIVES = ("data_parallel", "swap", "placement")
 OPTIONS = SearchOptions(optimizer_state=1)      # SGD with momentum
 WRESNET_BATCH, LSTM_BATCH, LSTM_STEPS, VOCAB = 32, 64, 20, 10000
+#: "Beyond one machine": the models projected, and the numbers of machines
+PROJECTED, MACHINE_COUNTS = ("WResNet-152-W10", "LSTM-10x8K"), (1, 2, 4, 8, 16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +73,13 @@ def sweep(quick: bool) -> list[Model]:
         [Model("LSTM", f"LSTM-{n}x{h // 1024}K", n, h) for n, h in lstm]
 
 
-def run(model: Model, machine_name: str) -> tuple[Model, int, dict, float]:
-    """One model, every strategy: (model, weight bytes, results by strategy, seconds)."""
+def run(model: Model, machine_name: str, strategies=SHOWN) -> tuple[Model, int, dict, float]:
+    """One model, each of ``strategies`` (tofu among them): (model, weight bytes, results by
+    strategy, seconds)."""
     start = time.perf_counter()
     machine = sim.machine(machine_name)
     sym, shapes = model.build()
-    results = {s: sim.simulate(sym, machine, s, options=OPTIONS, **shapes) for s in SHOWN}
+    results = {s: sim.simulate(sym, machine, s, options=OPTIONS, **shapes) for s in strategies}
     if not results["tofu"].fits:
         results["tofu"] = sim.simulate(sym, machine, "tofu-memory", options=OPTIONS, **shapes)
     from tofu_mx.tdl.annotate import import_graph
@@ -167,6 +175,53 @@ def why(rows) -> list[str]:
     return out
 
 
+def machines_table(rows, machine) -> list[str]:
+    """The tofu plan of each model of :data:`PROJECTED` on 1 to 16 machines, and a reading."""
+    out = ["| model | machines | GPUs | batch | gradients a machine all-reduces | step | "
+           "all-reduce | samples/s | x one machine | efficiency |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    reading = []
+    for model, _, results, _ in rows:
+        if model.label not in PROJECTED:
+            continue
+        tofu = results["tofu"]
+        got = [sim.project_to_machines(tofu, machine, n) for n in MACHINE_COUNTS]
+        for g in got:
+            out.append(
+                f"| {model.label} | {g.num_machines} | {g.num_machines * machine.num_devices} | "
+                f"{g.num_machines * round(tofu.throughput * tofu.step_time)} | "
+                f"{format_bytes(g.gradient_bytes)} | {g.step_time:.3f} s | "
+                f"{g.all_reduce_time:.3f} s | {g.throughput:.1f} | "
+                f"{g.throughput / tofu.throughput:.2f} | {g.efficiency:.2f} |")
+        best = max(got, key=lambda g: g.throughput)
+        slower = [g.num_machines for g in got if g.throughput < tofu.throughput]
+        reading.append(
+            f"{model.label}'s one-machine step takes {tofu.step_time:.3f} s and all-reducing "
+            f"its {format_bytes(got[-1].gradient_bytes)} of gradients "
+            f"{got[1].all_reduce_time:.3f} s on 2 machines, {got[-1].all_reduce_time:.3f} s "
+            f"on {got[-1].num_machines}: {best.num_machines} machines train "
+            f"{best.throughput / tofu.throughput:.2f}x as fast as one ({best.efficiency:.2f} "
+            f"efficiency)" + (f", and {' and '.join(map(str, slower))} machines are "
+                              f"slower than one" if slower else ""))
+    if not reading:
+        return [f"None of {', '.join(PROJECTED)} in this run."]
+    network = machine.network
+    return out + ["", f"Reading. Each machine runs Tofu's one-machine step on its own batch "
+                      f"(the global batch grows with the machines), then each GPU all-reduces "
+                      f"the gradients of the weights it holds with the same GPU of the other "
+                      f"machines, all {machine.num_devices} sharing the machine's network "
+                      f"link ({network.bandwidth / 1e9:g} GB/s, {network.latency * 1e6:g} us a "
+                      f"ring step). Each link carries 2(N-1)/N of the whole model's gradient "
+                      f"bytes, whatever the plan inside the machine, so the all-reduce nears "
+                      f"twice the model's bytes over the link's bandwidth as machines are "
+                      f"added, and nothing hides it behind the backward pass (the step is an "
+                      f"upper bound). "
+                      + "; ".join(reading) + ". Data parallelism across machines pays back "
+                      "where a machine's step is long against its all-reduce: a model of tens "
+                      "of GiB of weights needs a faster network, the all-reduce overlapped "
+                      "with the backward pass, or a larger batch per machine."]
+
+
 def plot(rows, machine, path_throughput: str, path_memory: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -212,29 +267,59 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one model per family")
     parser.add_argument("--machine", default="8xV100-16GB-PCIe", choices=sorted(sim.PRESETS))
     parser.add_argument("--jobs", type=int, default=2, help="models simulated at once")
+    parser.add_argument("--machines-only", action="store_true",
+                        help="only the section \"Beyond one machine\": the tofu plans of "
+                             f"{' and '.join(PROJECTED)}, to bench/out/paper-machines.md")
     args = parser.parse_args()
     from tqdm import tqdm
 
     machine = sim.machine(args.machine)
     models_ = sweep(args.quick)
+    strategies = SHOWN
+    if args.machines_only:
+        models_ = [m for m in sweep(False) if m.label in PROJECTED]
+        strategies = ("tofu",)
     start = time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(run, m, args.machine) for m in models_]
+        futures = [pool.submit(run, m, args.machine, strategies) for m in models_]
         for _ in tqdm(concurrent.futures.as_completed(futures), total=len(futures),
                       desc="models", unit="model"):
             pass
     rows = [f.result() for f in futures]
     elapsed = time.perf_counter() - start
     os.makedirs(OUT, exist_ok=True)
+    if args.machines_only:
+        run_alone = (f"`python bench/paper.py --machines-only`, {time.strftime('%Y-%m-%d')}, "
+                     f"{elapsed:.0f} s on this machine (the two models' tofu plans only; the "
+                     f"machine: {machine.source}).")
+        _write(os.path.join(OUT, "paper-machines.md"),
+               "\n".join(machines_section(rows, machine, run_alone)) + "\n")
+        return
     text = report(rows, machine, elapsed)
     plot(rows, machine, os.path.join(OUT, "paper-throughput.png"),
          os.path.join(OUT, "paper-memory.png"))
-    path = os.path.join(OUT, "paper.md")
+    _write(os.path.join(OUT, "paper.md"), text)
+
+
+def _write(path: str, text: str) -> None:
     with open(path + ".tmp", "w") as f:
         f.write(text)
     os.replace(path + ".tmp", path)
     print(text)
     print("wrote", path)
+
+
+def machines_section(rows, machine, run: str = "") -> list[str]:
+    """The section "Beyond one machine"; ``run``: the command and time of a run of it alone."""
+    head = ["## Beyond one machine (simulated)", ""]
+    if machine.network is None:
+        return head + [f"{machine.name} has no network link to other machines: not projected."]
+    return head + [
+        f"{run + ' ' if run else ''}N machines {machine.name}, data-parallel across them over "
+        f"each machine's network (see the machine's source above), Tofu's plan inside each "
+        f"(tofu_mx.sim.project_to_machines: the step, then the all-reduce, not overlapped). "
+        f"\"x one machine\": samples/s against one machine's; \"efficiency\": against N "
+        f"times one machine's.", "", *machines_table(rows, machine)]
 
 
 def report(rows, machine, elapsed: float) -> str:
@@ -256,6 +341,7 @@ def report(rows, machine, elapsed: float) -> str:
         *largest(rows, machine), "",
         "## Where tofu is under 1.25x the best alternative", "",
         *why(rows), "",
+        *machines_section(rows, machine), "",
         "## Notes", "",
         *[f"- {m.label}, {s}: {r.note}" for m, _, results, _ in rows
           for s, r in results.items() if r.note and s != "ideal"],

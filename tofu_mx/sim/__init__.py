@@ -12,21 +12,26 @@
 - :mod:`tofu_mx.sim.memory`: what each device holds, at the end of the forward pass and at
   its peak (liveness);
 - :func:`place_operators`: the operator-placement alternative;
-- :func:`simulate` with the strategies :data:`STRATEGIES`.
+- :func:`simulate` with the strategies :data:`STRATEGIES`;
+- :func:`project_to_machines`: a simulated step on ``N`` machines, data-parallel across
+  them over each machine's ``network`` link, the all-reduce after the step.
 
-Not modelled: the operators mirroring runs again in the backward pass, per-operator cost
-fits beyond one efficiency per operator (the calibration: bench/results/calibration.md),
-several links sharing one switch.
+Not modelled: per-operator cost fits beyond one efficiency per operator (the calibration:
+bench/results/calibration.md), the operators' temporary workspace, the all-reduce across
+machines overlapping the backward pass.
 """
-from tofu_mx.sim.formulas import compute_time, ring_all_reduce_time, swap_time, transfer_time
+from tofu_mx.sim.cluster import ClusterResult, project_to_machines
+from tofu_mx.sim.formulas import (compute_time, network_all_reduce_time, ring_all_reduce_time,
+                                  swap_time, transfer_time)
 from tofu_mx.sim.machine import GB, GiB, PRESETS, Link, Machine, machine
-from tofu_mx.sim.memory import held_at_forward_end, peak_memory
+from tofu_mx.sim.memory import gradients_per_device, held_at_forward_end, peak_memory
 from tofu_mx.sim.placement import place_operators
 from tofu_mx.sim.schedule import Task, finish_times, step_tasks
 from tofu_mx.sim.simulate import STRATEGIES, SimResult, simulate
 from tofu_mx.sim.work import Work, operator_work
 
-__all__ = ["GB", "GiB", "Link", "Machine", "PRESETS", "STRATEGIES", "SimResult", "Task", "Work",
-           "compute_time", "finish_times", "held_at_forward_end", "machine", "operator_work",
-           "peak_memory", "place_operators", "ring_all_reduce_time", "simulate", "step_tasks",
-           "swap_time", "transfer_time"]
+__all__ = ["ClusterResult", "GB", "GiB", "Link", "Machine", "PRESETS", "STRATEGIES", "SimResult",
+           "Task", "Work", "compute_time", "finish_times", "gradients_per_device",
+           "held_at_forward_end", "machine", "network_all_reduce_time", "operator_work",
+           "peak_memory", "place_operators", "project_to_machines", "ring_all_reduce_time",
+           "simulate", "step_tasks", "swap_time", "transfer_time"]

@@ -11,6 +11,11 @@ each a closed form tested on hand-computed cases.
 - :func:`ring_all_reduce_time`: the ring all-reduce of a buffer over a set of devices (what
   data parallelism pays for its gradients): ``2 (n - 1)`` steps, each moving ``1/n`` of the
   buffer over every link of the ring at once, so each step takes as long as its slowest link.
+- :func:`network_all_reduce_time`: the ring all-reduce of every device's gradient with the
+  same device of ``N`` machines, over the machines' ``network`` links: ``2 (N - 1)`` steps,
+  each moving ``1/N`` of every device's buffer through its machine's one network link, so
+  each step costs the link's latency once and ``1/N`` of the machine's bytes at its bandwidth:
+  ``2 (N - 1) (latency + bytes / (N bandwidth))``.
 """
 from __future__ import annotations
 
@@ -59,4 +64,21 @@ def ring_all_reduce_time(nbytes: float, machine: Machine, devices: Sequence[int]
     return 2 * (n - 1) * transfer_time(nbytes / n, slowest)
 
 
-__all__ = ["compute_time", "ring_all_reduce_time", "swap_time", "transfer_time"]
+def network_all_reduce_time(nbytes: float, machine: Machine, num_machines: int) -> float:
+    """Seconds ``num_machines`` machines like ``machine`` take to all-reduce, over their
+    ``network`` links, ``nbytes`` per machine (all its devices' buffers together, each ring
+    of same-numbered devices running at once)."""
+    nbytes = arguments.real(nbytes, "nbytes", minimum=0)
+    n = arguments.count(num_machines, "num_machines", example="num_machines=4")
+    if machine.network is None:
+        raise InvalidArgumentError(
+            f"Machine {machine.name!r} has no network link to other machines; give it one, "
+            f"e.g. dataclasses.replace(machine, network=tofu_mx.sim.Link(10e9, 5e-6)) for one "
+            f"100 Gb/s InfiniBand EDR adapter")
+    if n < 2:
+        return 0.0
+    return 2 * (n - 1) * transfer_time(nbytes / n, machine.network)
+
+
+__all__ = ["compute_time", "network_all_reduce_time", "ring_all_reduce_time", "swap_time",
+           "transfer_time"]

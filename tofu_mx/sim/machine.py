@@ -6,13 +6,19 @@ operator; between devices the links a transfer crosses. Devices sit in groups (a
 an NVLink domain): two devices of one group talk over ``peer``, two of different groups over
 ``bridge`` (the host bridge, or the slower path between NVLink quads), and every device
 reaches host memory over ``host``. A transfer crossing a link costs its latency plus its bytes
-over its bandwidth (:func:`tofu_mx.sim.formulas.transfer_time`).
+over its bandwidth (:func:`tofu_mx.sim.formulas.transfer_time`). A machine may also have a
+``network`` link to other machines (its network interfaces, all its devices sharing it), which
+only :func:`tofu_mx.sim.cluster.project_to_machines` uses; ``None`` where it has none.
 
 The presets (:data:`PRESETS`, :func:`machine`) take the devices' figures from the vendors'
 data sheets (peak float32 FLOP/s, memory bandwidth, memory); the links' achieved bandwidths
 and the latencies are assumptions (about 80% of the nominal), not measured here. The
-``cpu`` preset is this machine's two ``cpu(i)`` devices, fitted by ``bench/calibrate.py``.
-Each preset states where its numbers come from.
+``cpu`` preset is this machine's two ``cpu(i)`` devices, fitted by ``bench/calibrate.py``,
+and has no network. The GPU presets' networks are InfiniBand, sized as in the servers they
+model (one 100 Gb/s EDR adapter in a PCIe server, four in a DGX-1, eight HDR in a DGX A100,
+eight NDR in a DGX H100), at the same 80% of the nominal and 5 µs a ring step (an assumption:
+NCCL's per-step latency over InfiniBand, not measured here). Each preset states where its
+numbers come from.
 """
 from __future__ import annotations
 
@@ -64,6 +70,8 @@ class Machine:
     #: (operator, input position): kernels that loop over the batch (the output's first
     #: axis) one sample at a time, reading that input (the weight) once per sample
     per_sample: tuple[tuple[str, int], ...] = ()
+    #: to the other machines of a cluster, all devices sharing it (None: a machine alone)
+    network: Link | None = None
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -101,6 +109,11 @@ class Machine:
                 raise InvalidArgumentError(
                     f"Machine.{field} must be a tofu_mx.sim.Link, got "
                     f"{arguments.show(getattr(self, field))}; e.g. Link(12e9, 10e-6)")
+        if self.network is not None and not isinstance(self.network, Link):
+            raise InvalidArgumentError(
+                f"Machine.network must be a tofu_mx.sim.Link or None, got "
+                f"{arguments.show(self.network)}; e.g. network=Link(10e9, 5e-6) for one "
+                f"100 Gb/s InfiniBand EDR adapter")
 
     def rate(self, op: str | None = None) -> float:
         """FLOP/s operator ``op`` reaches on one device (``flops`` times its efficiency)."""
@@ -124,28 +137,36 @@ def _pcie3() -> Link:
 PRESETS: dict[str, Machine] = {m.name: m for m in (
     Machine("8xV100-16GB-PCIe", 8, 16 * GiB, 14.0e12, 900 * GB, 5e-6, 4,
             peer=Link(10 * GB, 10e-6), bridge=Link(8 * GB, 15e-6), host=_pcie3(), host_shared=4,
-            bridge_shared=True,
+            bridge_shared=True, network=Link(10 * GB, 5e-6),
             source="Tesla V100 PCIe data sheet (14 TFLOP/s float32, 900 GB/s, 16 GB); two "
                    "PCIe 3.0 x16 switches of 4 GPUs, each switch one x16 link to the host, "
                    "which the transfers between the switches share; "
                    "links assumed, not measured here: 10 GB/s peer-to-peer within a switch, "
-                   "8 GB/s across the host bridge, 12 GB/s to host (of 15.75 GB/s nominal)"),
+                   "8 GB/s across the host bridge, 12 GB/s to host (of 15.75 GB/s nominal); "
+                   "one 100 Gb/s InfiniBand EDR adapter to other machines, 10 GB/s of 12.5 "
+                   "nominal, 5 us a ring step"),
     Machine("8xV100-32GB-NVLink", 8, 32 * GiB, 15.7e12, 900 * GB, 5e-6, 4,
             peer=Link(45 * GB, 5e-6), bridge=Link(22 * GB, 5e-6), host=_pcie3(), host_shared=2,
+            network=Link(40 * GB, 5e-6),
             source="Tesla V100 SXM2 data sheet (15.7 TFLOP/s float32, 900 GB/s, 32 GB); DGX-1's "
                    "hybrid cube-mesh simplified, links assumed: two NVLinks (45 GB/s of 50 "
                    "nominal) within a quad, one (22 GB/s) between quads; two GPUs per PCIe "
-                   "switch to the host"),
+                   "switch to the host; DGX-1's four 100 Gb/s InfiniBand EDR adapters to "
+                   "other machines, 40 GB/s of 50 nominal, 5 us a ring step"),
     Machine("8xA100-40GB-NVLink", 8, 40 * GiB, 19.5e12, 1555 * GB, 5e-6, 8,
             peer=Link(240 * GB, 5e-6), bridge=Link(240 * GB, 5e-6), host=Link(24 * GB, 10e-6),
-            host_shared=2,
+            host_shared=2, network=Link(160 * GB, 5e-6),
             source="A100 SXM4 40GB data sheet (19.5 TFLOP/s float32, 1,555 GB/s); NVSwitch, "
                    "300 GB/s nominal per direction, 240 GB/s assumed achieved; PCIe 4.0 host, "
-                   "two GPUs per switch"),
+                   "two GPUs per switch; DGX A100's eight 200 Gb/s InfiniBand HDR adapters to "
+                   "other machines, 160 GB/s of 200 nominal, 5 us a ring step"),
     Machine("8xH100-80GB-NVLink", 8, 80 * GiB, 67e12, 3350 * GB, 4e-6, 8,
             peer=Link(360 * GB, 4e-6), bridge=Link(360 * GB, 4e-6), host=Link(50 * GB, 10e-6),
+            network=Link(320 * GB, 5e-6),
             source="H100 SXM5 data sheet (67 TFLOP/s float32, 3.35 TB/s, 80 GB); NVSwitch, "
-                   "450 GB/s nominal per direction, 360 GB/s assumed achieved; PCIe 5.0 host"),
+                   "450 GB/s nominal per direction, 360 GB/s assumed achieved; PCIe 5.0 host; "
+                   "DGX H100's eight 400 Gb/s InfiniBand NDR adapters to other machines, "
+                   "320 GB/s of 400 nominal, 5 us a ring step"),
     Machine("cpu", 2, 24 * GiB, 52.2e9, 5.5 * GB, 20.8e-6, 2,
             peer=Link(0.9 * GB, 117e-6), bridge=Link(0.9 * GB, 117e-6),
             host=Link(0.9 * GB, 117e-6), shared_compute=True,

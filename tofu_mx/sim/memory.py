@@ -51,6 +51,13 @@ def held_at_forward_end(graph: Graph, device_of: Callable[[int], int], num_devic
     return rows
 
 
+def gradients_per_device(graph: Graph, device_of: Callable[[int], int], num_devices: int
+                         ) -> tuple[int, ...]:
+    """Bytes of weight gradients each device holds: one gradient array per weight placed
+    there (the ``"gradients"`` row of :func:`held_at_forward_end`)."""
+    return tuple(row["gradients"] for row in _static(graph, device_of, num_devices, 0.0))
+
+
 def peak_memory(graph: Graph, device_of: Callable[[int], int], num_devices: int,
                 optimizer_state: float = 0.0) -> tuple[int, ...]:
     """Each device's largest total over one training step (see the module's docstring)."""
@@ -161,4 +168,4 @@ def _static(graph: Graph, device_of, num_devices: int, optimizer_state: float
     return rows
 
 
-__all__ = ["ROWS", "held_at_forward_end", "peak_memory"]
+__all__ = ["ROWS", "gradients_per_device", "held_at_forward_end", "peak_memory"]

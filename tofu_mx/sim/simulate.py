@@ -30,7 +30,13 @@
 Per device, ``peak_memory`` is :func:`tofu_mx.sim.memory.peak_memory` of the graph run:
 weights, gradients, the optimizer's state (``options.optimizer_state`` bytes per weight
 byte), aux states, inputs, and the operators' outputs by liveness over the step. The step
-time is :func:`tofu_mx.sim.schedule.finish_times` of the step's tasks.
+time is :func:`tofu_mx.sim.schedule.finish_times` of the step's tasks. ``gradient_bytes``,
+per device, is the summed weight gradient the device owns at the end of the step, which
+:func:`tofu_mx.sim.cluster.project_to_machines` all-reduces with the other machines: its
+weights' gradients where weights are placed (``"ideal"``, ``"placement"``, the tofu plans:
+:func:`tofu_mx.sim.memory.gradients_per_device`), and an even ``1/k`` of the whole where
+every device holds every weight (``"data_parallel"``, ``"swap"``: the part the ring
+all-reduce's reduce-scatter leaves each device, before its all-gather).
 """
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.plan import SearchOptions
 from tofu_mx.sim.formulas import ring_all_reduce_time, swap_time
 from tofu_mx.sim.machine import Machine
-from tofu_mx.sim.memory import peak_memory
+from tofu_mx.sim.memory import gradients_per_device, peak_memory
 from tofu_mx.sim.placement import place_operators
 from tofu_mx.sim.schedule import finish_times, step_tasks
 from tofu_mx.sim.work import operator_bytes
@@ -72,6 +78,7 @@ class SimResult:
     note: str = ""                  # for display: why it does not fit, what it swaps
     busiest_device: float = 0.0     # seconds the busiest device computes in the step
     busiest_link: float = 0.0       # seconds the busiest link (one direction) carries
+    gradient_bytes: tuple[int, ...] = ()   # summed weight gradient each device owns (above)
 
 
 def simulate(symbol: mx.sym.Symbol, machine: Machine, strategy: str = "tofu", *,
@@ -96,13 +103,13 @@ def _ideal(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRe
     graph = import_graph(symbol, dtypes=dtypes, **shapes)
     peak = peak_memory(graph, lambda i: 0, 1, options.optimizer_state)
     return _result(strategy, machine, graph, _step_time(graph, lambda i: 0, machine), peak,
-                   fits=True)
+                   gradients_per_device(graph, lambda i: 0, 1), fits=True)
 
 
 def _data_parallel(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
     whole, one, step, peak = _replica(symbol, machine, options, dtypes, shapes)
     return _result(strategy, machine, whole, step.then_all_reduce(_all_reduce(one, machine)),
-                   (peak,) * machine.num_devices)
+                   (peak,) * machine.num_devices, _reduce_scattered(one, machine))
 
 
 def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
@@ -118,6 +125,7 @@ def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
     step = _Step(max(step.seconds, swapping), step.busiest_device,
                  max(step.busiest_link, swapping)).then_all_reduce(_all_reduce(one, machine))
     return _result(strategy, machine, whole, step, (min(peak, machine.memory),) * k,
+                   _reduce_scattered(one, machine),
                    note=f"swaps {format_bytes(excess)} out and in per device and step"
                    if excess else "swaps nothing")
 
@@ -137,6 +145,7 @@ def _placement(symbol, machine: Machine, strategy, options, dtypes, shapes) -> S
         cap *= min(0.95, machine.memory / max(peak))
     step = _step_time(graph, devices.__getitem__, machine)
     return _result(strategy, machine, graph, step, peak,
+                   gradients_per_device(graph, devices.__getitem__, k),
                    note=f"{len(set(devices))} of {k} devices run operators")
 
 
@@ -160,7 +169,8 @@ def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
         if budget is None or max(peak) <= machine.memory:
             break
         budget = int(budget * machine.memory / max(peak))
-    return _result(strategy, machine, ptd.graph, _step_time(graph, device_of, machine), peak)
+    return _result(strategy, machine, ptd.graph, _step_time(graph, device_of, machine), peak,
+                   gradients_per_device(graph, device_of, k))
 
 
 def _replica(symbol, machine: Machine, options, dtypes, shapes):
@@ -186,16 +196,24 @@ def _working_set(graph: Graph, optimizer_state: float) -> int:
 
 
 def _all_reduce(graph: Graph, machine: Machine) -> float:
-    params = sum(n.outputs[0].nbytes for n in graph.variables("param"))
+    params = gradients_per_device(graph, lambda i: 0, 1)[0]
     return ring_all_reduce_time(params, machine, range(machine.num_devices))
 
 
+def _reduce_scattered(graph: Graph, machine: Machine) -> tuple[int, ...]:
+    """A replica's gradient bytes in ``num_devices`` even parts, as a reduce-scatter leaves
+    them (the first ``params % num_devices`` devices a byte more)."""
+    params, k = gradients_per_device(graph, lambda i: 0, 1)[0], machine.num_devices
+    return tuple(params // k + (d < params % k) for d in range(k))
+
+
 def _result(strategy: str, machine: Machine, graph: Graph, step: _Step, peak,
-            note: str = "", fits: bool | None = None) -> SimResult:
+            gradients: tuple[int, ...], note: str = "", fits: bool | None = None
+            ) -> SimResult:
     fits = max(peak) <= machine.memory if fits is None else fits
     return SimResult(strategy, machine.name, fits, step.seconds,
                      _batch(graph) / step.seconds if step.seconds else math.inf, tuple(peak),
-                     note, step.busiest_device, step.busiest_link)
+                     note, step.busiest_device, step.busiest_link, gradients)
 
 
 @dataclass(frozen=True)
