@@ -1,6 +1,8 @@
-"""tofu_mx.gluon.Trainer across workers: two workers x 2 CPU devices with dist_sync, on batch
-B each, train as one process x 2 CPU devices on batch 2B (every parameter and every loss, in
-float64), launched by tofu_mx.launch; workers that partitioned differently refuse to train."""
+"""tofu_mx.gluon.Trainer across workers: two workers x 2 CPU devices, on batch B each, train
+as one process x 2 CPU devices on batch 2B (every parameter and every loss, in float64),
+with dist_sync (launched by tofu_mx.launch) and with Horovod (launched by horovodrun; skipped
+where Horovod is not installed: ``make test-horovod`` installs it and runs them); workers that
+partitioned differently refuse to train."""
 import json
 import os
 import subprocess
@@ -23,10 +25,23 @@ WORKER = os.path.join(os.path.dirname(__file__), "dist_worker.py")
 RTOL, ATOL = 1e-10, 1e-12
 
 
+def horovod_missing() -> str | None:
+    try:
+        import horovod.mxnet  # noqa: F401
+    except ImportError as e:
+        return (f"Horovod with MXNet support does not import ({e}); make test-horovod "
+                f"installs it")
+    return None
+
+
 def launch(tmp_path, optimizer, kvstore="dist_sync", workers=2, timeout=110):
+    if kvstore == "horovod":
+        launcher = [sys.executable, "-m", "horovod.runner.launch", "-np", str(workers), "-H",
+                    f"localhost:{workers}", "--gloo"]
+    else:
+        launcher = [sys.executable, "-m", "tofu_mx.launch", "-n", str(workers), "--"]
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "tofu_mx.launch", "-n", str(workers), "--",
-                           sys.executable, WORKER, str(tmp_path), optimizer, kvstore],
+    done = subprocess.run([*launcher, sys.executable, WORKER, str(tmp_path), optimizer, kvstore],
                           capture_output=True, text=True, timeout=timeout)
     return done, time.monotonic() - start
 
@@ -49,9 +64,12 @@ def reference(tmp_path, optimizer, workers=2):
     return np.array(losses), {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
 
 
+@pytest.mark.parametrize("kvstore", ["dist_sync", "horovod"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_two_workers_train_as_one_process_on_their_joint_batch(optimizer, tmp_path):
-    done, seconds = launch(tmp_path, optimizer)
+def test_two_workers_train_as_one_process_on_their_joint_batch(optimizer, kvstore, tmp_path):
+    if kvstore == "horovod" and horovod_missing():
+        pytest.skip(horovod_missing())
+    done, seconds = launch(tmp_path, optimizer, kvstore)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert seconds < 120
     want_losses, want = reference(tmp_path, optimizer)
@@ -93,12 +111,8 @@ def test_kvstore_errors_are_clear(monkeypatch):
 
 
 def test_horovod_is_refused_clearly_where_it_does_not_import():
-    try:
-        import horovod.mxnet  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("Horovod imports here: tests/tofu_mx/gluon/test_horovod.py runs it")
+    if not horovod_missing():
+        pytest.skip("Horovod imports here: the equivalence tests run it")
     net = W.make_net(seed=0)
     pnet = tg.partition(net, W.DEVICES, loss=W.LOSS, data=(W.B, W.FEATURES), label=(W.B,))
     with pytest.raises(InvalidArgumentError, match="needs Horovod with MXNet support"):
