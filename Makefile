@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 PY := $(VENV)/bin/python
 
-.PHONY: test test-slow demo bench bench-paper clean
+.PHONY: test test-slow test-horovod demo bench bench-paper clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,18 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest tests -m slow
+
+# Horovod, built from source against the installed MXNet (several minutes; needs cmake and a
+# C++ compiler), then the distributed tests, which run it where it imports.
+HOROVOD_BUILD := HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+	HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1
+
+test-horovod: $(STAMP)
+	$(PY) -c "import horovod.mxnet" 2>/dev/null || { \
+		$(PY) -m pip install --quiet setuptools wheel && \
+		$(HOROVOD_BUILD) $(PY) -m pip install --quiet --no-build-isolation --no-cache-dir \
+			'horovod==0.28.1'; }
+	$(PY) -m pytest -rs tests/tofu_mx/gluon/test_distributed.py
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
