@@ -6,7 +6,9 @@ as MXNet's distributed KVStore (``kvstore="dist_sync"``) needs them:
 - every process gets the ``DMLC_*`` variables (the scheduler on 127.0.0.1 at a free port,
   the numbers of servers and workers, its own role); the scheduler and the servers run
   ``python -c "import mxnet"``, which serves until the workers are done;
-- each line a process prints is streamed with its name in front: ``[worker 1] ...``;
+- each line a process prints is streamed with its name in front: ``[worker 1] ...`` (the
+  launcher's numbering: a worker's rank, ``kv.rank`` or ``Trainer.rank``, is what ps-lite's
+  scheduler assigns at start-up, and may differ);
 - it fails fast: when a process exits with an error (or is killed), the others are
   stopped at once and the launcher exits with that code (1 for a signal), naming the
   process; when every worker has finished cleanly, the scheduler and servers get
