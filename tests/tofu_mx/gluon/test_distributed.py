@@ -108,6 +108,10 @@ def test_kvstore_errors_are_clear(monkeypatch):
             tg.Trainer(pnet, "sgd", kvstore=kvstore)
     trainer = tg.Trainer(pnet, "sgd", kvstore=mx.kv.create("local"))
     assert (trainer.rank, trainer.num_workers, trainer.kvstore) == (0, 1, None)
+    assert trainer.all_gather(np.float64(2.5)) == [2.5]
+    assert np.isnan(trainer.all_gather(float("nan"))[0])     # a diverging loss passes
+    with pytest.raises(InvalidArgumentError, match="all_gather takes a number, got str"):
+        trainer.all_gather("2.5")
 
 
 def test_horovod_is_refused_clearly_where_it_does_not_import():
