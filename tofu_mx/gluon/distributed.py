@@ -107,13 +107,45 @@ class _Horovod(Collective):
             self._hvd.allreduce_(a, op=self._hvd.Sum, name=f"tofu_mx.{k}", priority=-k)
 
 
+#: the engines a process has connected to, by name or KVStore: one each (a second
+#: ``mx.kv.create("dist_sync")`` in a process hangs: measured, under tofu_mx.launch)
+_CONNECTED: dict[Any, Collective] = {}
+#: the engines (or KVStores) a Trainer uses: each serves one, whose keys 0, 1, 2, ... they are
+_CLAIMED: list[Any] = []
+
+
 def connect(kvstore: Any) -> Collective | None:
     """The engine ``kvstore`` names (``Trainer``'s argument), or None for a run of one
     worker: None, ``"local"`` and ``"device"`` (the shards are on their devices already).
     A script that needs its rank before it partitions (to pick its rows of the batch) calls
-    it first and gives the result to the Trainer."""
+    it first and gives the result to the Trainer. Connecting again to the same name or
+    KVStore gives the same engine."""
     if kvstore is None or isinstance(kvstore, Collective):
         return kvstore
+    # a KVStore by identity (the engine holds it, so its id stays its own)
+    key = id(kvstore) if isinstance(kvstore, mx.kv.KVStore) else kvstore
+    if isinstance(key, (str, int)) and key in _CONNECTED:
+        return _CONNECTED[key]
+    found = _connect(kvstore)
+    if found is not None:
+        _CONNECTED[key] = found
+    return found
+
+
+def claim(collective: Collective) -> None:
+    """Mark ``collective`` as one Trainer's (its keys are the Trainer's); a clear error if
+    another Trainer of this process has it already."""
+    target = collective.kvstore if collective.kvstore is not None else collective
+    if any(c is target for c in _CLAIMED):
+        raise InvalidArgumentError(
+            f"this {collective.name} {'KVStore' if collective.kvstore is not None else 'run'} "
+            f"serves another tofu_mx Trainer of this process already (its keys 0, 1, 2, ... "
+            f"are that Trainer's); train one partitioned block per worker process, or "
+            f"several with one Trainer each in separate processes")
+    _CLAIMED.append(target)
+
+
+def _connect(kvstore: Any) -> Collective | None:
     if isinstance(kvstore, mx.kv.KVStore):
         kind = kvstore.type
         if "dist" not in kind:

@@ -82,6 +82,7 @@ class Trainer:
         # last: the other workers wait for this one from here on
         self._collective = distributed.connect(kvstore)
         if self._collective is not None:
+            distributed.claim(self._collective)
             distributed.check_same_plan(self._collective,
                                         distributed.plan_fingerprint(block.partitioned))
             keys = {s.name: distributed.SHARD_KEYS + i

@@ -121,3 +121,38 @@ def test_horovod_is_refused_clearly_where_it_does_not_import():
     pnet = tg.partition(net, W.DEVICES, loss=W.LOSS, data=(W.B, W.FEATURES), label=(W.B,))
     with pytest.raises(InvalidArgumentError, match="needs Horovod with MXNet support"):
         tg.Trainer(pnet, "sgd", kvstore="horovod")
+
+
+class _OneWorker(distributed.Collective):
+    """A run of one worker (sums and broadcasts change nothing), to test the Trainer's use of
+    an engine without starting a distributed run."""
+
+    name, rank, num_workers = "one-worker", 0, 1
+
+    def __init__(self):
+        self.calls = []
+
+    def broadcast(self, keys, arrays):
+        self.calls.append(("broadcast", tuple(keys)))
+
+    def all_reduce(self, keys, arrays):
+        self.calls.append(("all_reduce", tuple(keys)))
+
+
+def test_an_engine_serves_one_trainer_with_its_own_keys():
+    net = W.make_net(seed=0)
+    pnet = tg.partition(net, W.DEVICES, loss=W.LOSS, data=(W.B, W.FEATURES), label=(W.B,))
+    engine = _OneWorker()
+    assert distributed.connect(engine) is engine
+    trainer = tg.Trainer(pnet, "sgd", kvstore=engine)
+    shards = len(pnet.shard_arrays(("param",)))
+    keys = tuple(range(distributed.SHARD_KEYS, distributed.SHARD_KEYS + shards))
+    assert engine.calls == [("broadcast", (distributed.FINGERPRINT_KEY,)),
+                            ("all_reduce", (distributed.GATHER_KEY,)),
+                            ("broadcast", keys)]
+    x, y = W.global_batch(0, 1)
+    pnet.step(mx.nd.array(x, dtype="float64"), mx.nd.array(y, dtype="float64"))
+    trainer.step(W.B)
+    assert engine.calls[-1] == ("all_reduce", keys)
+    with pytest.raises(InvalidArgumentError, match="serves another tofu_mx Trainer"):
+        tg.Trainer(pnet, "sgd", kvstore=engine)
