@@ -108,8 +108,9 @@ def _ideal(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRe
 
 def _data_parallel(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
     whole, one, step, peak = _replica(symbol, machine, options, dtypes, shapes)
-    return _result(strategy, machine, whole, step.then_all_reduce(_all_reduce(one, machine)),
-                   (peak,) * machine.num_devices, _reduce_scattered(one, machine))
+    params = _replica_gradient_bytes(one)
+    return _result(strategy, machine, whole, step.then_all_reduce(_all_reduce(params, machine)),
+                   (peak,) * machine.num_devices, _reduce_scattered(params, machine))
 
 
 def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
@@ -122,10 +123,11 @@ def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
                          f"one operator's or one weight's update's working set takes "
                          f"{format_bytes(working)} of {format_bytes(machine.memory)}")
     swapping = swap_time(2 * excess, machine)
+    params = _replica_gradient_bytes(one)
     step = _Step(max(step.seconds, swapping), step.busiest_device,
-                 max(step.busiest_link, swapping)).then_all_reduce(_all_reduce(one, machine))
+                 max(step.busiest_link, swapping)).then_all_reduce(_all_reduce(params, machine))
     return _result(strategy, machine, whole, step, (min(peak, machine.memory),) * k,
-                   _reduce_scattered(one, machine),
+                   _reduce_scattered(params, machine),
                    note=f"swaps {format_bytes(excess)} out and in per device and step"
                    if excess else "swaps nothing")
 
@@ -195,15 +197,20 @@ def _working_set(graph: Graph, optimizer_state: float) -> int:
     return max(*ops, *updates, 0)
 
 
-def _all_reduce(graph: Graph, machine: Machine) -> float:
-    params = gradients_per_device(graph, lambda i: 0, 1)[0]
+def _replica_gradient_bytes(graph: Graph) -> int:
+    """Bytes of the weight gradients a replica (the whole graph on one device) holds."""
+    return gradients_per_device(graph, lambda i: 0, 1)[0]
+
+
+def _all_reduce(params: int, machine: Machine) -> float:
+    """Seconds the ring all-reduce of ``params`` gradient bytes takes over every device."""
     return ring_all_reduce_time(params, machine, range(machine.num_devices))
 
 
-def _reduce_scattered(graph: Graph, machine: Machine) -> tuple[int, ...]:
-    """A replica's gradient bytes in ``num_devices`` even parts, as a reduce-scatter leaves
+def _reduce_scattered(params: int, machine: Machine) -> tuple[int, ...]:
+    """``params`` gradient bytes in ``num_devices`` even parts, as a reduce-scatter leaves
     them (the first ``params % num_devices`` devices a byte more)."""
-    params, k = gradients_per_device(graph, lambda i: 0, 1)[0], machine.num_devices
+    k = machine.num_devices
     return tuple(params // k + (d < params % k) for d in range(k))
 
 
