@@ -26,7 +26,7 @@ from tofu_mx.errors import (InvalidArgumentError, NotASymbolError, ShapeInferenc
 LabelInputs = Callable[[str, Mapping[str, Any]], Sequence[int]]
 
 
-_JSON_NODE_KEYS = ("op", "name", "attrs", "inputs")
+_JSON_NODE_KEYS = frozenset(("op", "name", "attrs", "inputs"))
 _NO_EXTRA = FrozenDict()
 
 
@@ -44,7 +44,12 @@ def check_symbol(symbol: Any, what: str = "symbol") -> mx.sym.Symbol:
 def symbol_json(symbol: mx.sym.Symbol) -> str:
     """``symbol.tojson()``, without its leak: MXNet 1.9.1's ``tojson()`` saves a copy of the
     graph with its ``amp_cast`` nodes removed and never frees that copy (apache/mxnet#19574),
-    about 2.3 times the JSON's size per call. Here a Symbol owns the copy and frees it."""
+    about 2.3 times the JSON's size per call. Here a Symbol owns the copy and frees it; a
+    graph with no ``amp_cast`` or ``amp_multicast`` node, which that pass leaves as it is,
+    is saved directly (copying it took a third of importing 100,000 operators)."""
+    text = symbol.tojson(remove_amp_cast=False)
+    if "amp_cast" not in text and "amp_multicast" not in text:
+        return text     # nothing to remove (the pass only unplugs those operators' nodes)
     handle = SymbolHandle()
     check_call(_LIB.MXSymbolRemoveAmpCast(symbol.handle, ctypes.byref(handle)))
     return mx.sym.Symbol(handle).tojson(remove_amp_cast=False)
@@ -135,7 +140,7 @@ def _check_names(given: Mapping[str, Any], inputs: list[str], what: str) -> None
 
 
 def _unknown(shape: Any) -> bool:
-    return shape is None or len(shape) == 0 or any(d == 0 for d in shape)
+    return not shape or 0 in shape
 
 
 def all_entries_symbol(js: dict) -> mx.sym.Symbol:
@@ -162,9 +167,10 @@ def _infer_shapes(everything: mx.sym.Symbol, shapes: dict, arg_names: list[str],
             f"the shapes of {', '.join(missing)} cannot be inferred from {_fmt(shapes)}. "
             f"Pass them as keywords (e.g. {missing[0]}=(...)), or give the shapes of the "
             f"inputs they depend on.")
-    names = everything.list_outputs()
-    missing = [n for n, s in zip(names, out_shapes) if _unknown(s)]
-    if missing:
+    unknown = [k for k, s in enumerate(out_shapes) if not s or 0 in s]
+    if unknown:
+        names = everything.list_outputs()
+        missing = [names[k] for k in unknown]
         raise ShapeInferenceError(
             f"the shapes of the outputs {', '.join(missing[:8])} cannot be inferred from "
             f"{_fmt(shapes)}; give the shapes of every data input.")
@@ -178,9 +184,8 @@ def _infer_dtypes(everything: mx.sym.Symbol, dtypes: dict) -> list:
         first = str(e).strip().splitlines()[0]
         raise ShapeInferenceError(
             f"MXNet cannot infer the graph's dtypes from {_fmt(dtypes)}: {first}") from e
-    names = everything.list_outputs()
-    missing = [n for n, t in zip(names, out_types) if t is None]
-    if missing:
+    if None in out_types:
+        missing = [n for n, t in zip(everything.list_outputs(), out_types) if t is None]
         raise ShapeInferenceError(
             f"the dtypes of {', '.join(missing[:8])} cannot be inferred from {_fmt(dtypes)}; "
             f"pass dtypes={{name: 'float32', ...}} for them.")
@@ -193,9 +198,8 @@ def _fmt(values: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in values.items()) or "no inputs"
 
 
-def _classify(js: dict, aux: set[str], data_names: set[str],
-              label_inputs: LabelInputs | None) -> dict[int, str]:
-    """Kind of every variable node: aux state, label, data or parameter."""
+def _labels(js: dict, label_inputs: LabelInputs | None) -> set[int]:
+    """The variable nodes that operators read as labels (``label_inputs``)."""
     labels: set[int] = set()
     positions: dict[tuple, Sequence[int]] = {}      # (op, attributes) -> its label inputs
     for node in js["nodes"]:
@@ -209,6 +213,12 @@ def _classify(js: dict, aux: set[str], data_names: set[str],
         for pos in positions[key]:
             if pos < len(node["inputs"]):
                 labels.add(node["inputs"][pos][0])
+    return labels
+
+
+def _classify(js: dict, aux: set[str], data_names: set[str], labels: set[int]) -> dict[int, str]:
+    """Kind of every variable node: aux state, label (``labels``, or named ``*label``), data
+    or parameter, in that order of precedence."""
     kinds = {}
     for i, node in enumerate(js["nodes"]):
         if node["op"] != "null":
@@ -226,25 +236,29 @@ def _classify(js: dict, aux: set[str], data_names: set[str],
 
 
 def _data_inputs(symbol: mx.sym.Symbol, shapes: Mapping[str, tuple[int, ...]],
-                 arg_names: list[str]) -> list[str]:
+                 arg_names: list[str], decided: set[str] = frozenset()) -> list[str]:
     """The inputs whose shapes are given and that MXNet cannot infer from the other given
     shapes: the data. A shape given for a weight (``fc_weight=(8, 6)``), which MXNet infers
     from the data's, leaves it a parameter. If every given shape follows from the others
-    (``a * b`` with both given), all of them are data."""
+    (``a * b`` with both given), all of them are data.
+
+    ``decided``: inputs whose kind does not depend on being data (labels, aux states), tested
+    last and only when no other is data (each test is one shape inference of the graph)."""
     if len(shapes) < 2:
         return list(shapes)
-    data = []
-    for name in shapes:
+
+    def needed(name: str) -> bool:
         others = {k: v for k, v in shapes.items() if k != name}
         try:
             inferred = symbol.infer_shape_partial(**others)[0]
         except mx.base.MXNetError:
-            inferred = None     # the others alone contradict: the given shape is needed
-        known = inferred is not None and name in arg_names and \
-            not _unknown(inferred[arg_names.index(name)])
-        if not known:
-            data.append(name)
-    return data or list(shapes)
+            return True     # the others alone contradict: the given shape is needed
+        return name not in arg_names or _unknown(inferred[arg_names.index(name)])
+
+    data = [name for name in shapes if name not in decided and needed(name)]
+    if data:
+        return data     # whether a decided input is data changes no kind
+    return [name for name in shapes if name in decided and needed(name)] or list(shapes)
 
 
 def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = None,
@@ -284,9 +298,12 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
     everything = all_entries_symbol(js)
     out_shapes = _infer_shapes(everything, shapes, arg_names, aux_names)
     out_types = _infer_dtypes(everything, type_dict)
+    labels = _labels(js, label_inputs)
     if data_names is None:
-        data_names = _data_inputs(symbol, shapes, arg_names)
-    kinds = _classify(js, set(aux_names), set(data_names), label_inputs)
+        decided = set(aux_names) | {js["nodes"][i]["name"] for i in labels} | \
+            {n for n in shapes if n.endswith("label")}
+        data_names = _data_inputs(symbol, shapes, arg_names, decided)
+    kinds = _classify(js, set(aux_names), set(data_names), labels)
 
     return Graph(nodes=_nodes(js, out_shapes, out_types, kinds),
                  heads=tuple(Entry(*e) for e in js["heads"]),
@@ -312,9 +329,10 @@ def _nodes(js: dict, out_shapes: list, out_types: list[str], kinds: dict[int, st
         key = tuple(raw.items())
         if key not in attrs:
             attrs[key] = FrozenDict(raw)
-        extra = {k: json.dumps(v) for k, v in jn.items() if k not in _JSON_NODE_KEYS}
+        extra = _NO_EXTRA if jn.keys() <= _JSON_NODE_KEYS else \
+            FrozenDict({k: json.dumps(v) for k, v in jn.items() if k not in _JSON_NODE_KEYS})
         nodes.append(Node(
             name=jn["name"], op=jn["op"], attrs=attrs[key],
             inputs=tuple(Entry(*e) for e in jn["inputs"]), outputs=tuple(outputs),
-            kind=kinds.get(i), extra=FrozenDict(extra) if extra else _NO_EXTRA))
+            kind=kinds.get(i), extra=extra))
     return tuple(nodes)
