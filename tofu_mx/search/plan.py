@@ -604,7 +604,7 @@ def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions
         budgets_of(memory_budget, num_devices)    # before the import, which may take a while
     with _collector_paused():       # import and lowering too make objects by the million
         graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), num_devices)
-    return plan_graph(graph, num_devices, memory_budget=memory_budget, options=options)
+        return plan_graph(graph, num_devices, memory_budget=memory_budget, options=options)
 
 
 def lower_graph(graph: Graph, num_devices: int) -> Graph:
@@ -629,13 +629,20 @@ def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
     ``memory_budget``, the cheapest of those that fit (else NoFeasiblePlanError, reporting
     the smallest footprint found)."""
     with _collector_paused():
-        shared = _Shared.of(graph)
-    weights = _small_weights(graph, num_devices, options, shared) if choose is None \
+        return _plan_graph(graph, num_devices, memory_budget, options, choose)
+
+
+def _plan_graph(graph: Graph, num_devices: int, memory_budget, options: SearchOptions,
+                choose) -> Plan:
+    shared = _Shared.of(graph)
+    ideal = ideal_memory(graph, shared.kept, options, num_devices) if choose is None else 0.0
+    weights = _small_weights(graph, num_devices, options, shared, ideal) if choose is None \
         else (frozenset(), 0.0)
     candidates = _candidates(graph, num_devices, options, choose, shared, weights)
     if memory_budget is None:
         if choose is None and not options.memory_weight and options.balance:
-            return _balanced(graph, num_devices, candidates[0], options, shared, weights)
+            return _balanced(graph, num_devices, candidates[0], options, shared, weights,
+                             ideal)
         return candidates[0]
     failures = []
     for candidate in candidates:
@@ -653,16 +660,15 @@ def _candidates(graph: Graph, num_devices: int, options: SearchOptions, choose,
     ``small_weights``: :func:`_small_weights`."""
     orders = factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
     weights, used = small_weights
-    with _collector_paused():
-        return sorted((_assemble(graph, num_devices, order,
-                                 search_levels(graph, order, options, choose, shared.structure,
-                                               weights),
-                                 options, shared, weights, used) for order in orders),
-                      key=lambda p: (p.total_bytes, p.factors))
+    return sorted((_assemble(graph, num_devices, order,
+                             search_levels(graph, order, options, choose, shared.structure,
+                                           weights),
+                             options, shared, weights, used) for order in orders),
+                  key=lambda p: (p.total_bytes, p.factors))
 
 
 def _small_weights(graph: Graph, num_devices: int, options: SearchOptions,
-                   shared: "_Shared") -> tuple[frozenset, float]:
+                   shared: "_Shared", ideal: float) -> tuple[frozenset, float]:
     """The parameters whose converted copies the search keeps for the backward pass even
     where their readers re-fetch (so it prices, and may choose, data parallelism's way with
     them: gathered once), and the bytes that may hold: the smallest first, each counted
@@ -670,7 +676,8 @@ def _small_weights(graph: Graph, num_devices: int, options: SearchOptions,
     memory. Only with ``refetch``. The pieces joined into a copy are not counted, though
     the joining Concat's gradient reads them in MXNet's oneDNN build: measured, they add
     about as much again (counting them too kept fewer weights and moved more bytes than
-    keeping none before the search: SqueezeNet at k = 5, 1.20x data parallelism)."""
+    keeping none before the search: SqueezeNet at k = 5, 1.20x data parallelism).
+    ``ideal``: :func:`ideal_memory`."""
     if not options.refetch or not options.keep_share or num_devices == 1:
         return frozenset(), 0.0
     structure = shared.structure
@@ -682,7 +689,7 @@ def _small_weights(graph: Graph, num_devices: int, options: SearchOptions,
             if graph.nodes[e.node].kind == "param" and structure.keeps_input(graph, i, j):
                 t = graph.tensor(e)
                 sizes[(e.node, e.index)] = math.prod(t.shape) * itemsize_of(t.dtype)
-    budget = options.keep_share * ideal_memory(graph, shared.kept, options, num_devices)
+    budget = options.keep_share * ideal
     kept, used = [], 0.0
     for tensor, size in sorted(sizes.items(), key=lambda t: (t[1], t[0])):
         if used + size > budget:
@@ -697,12 +704,12 @@ BALANCE_WEIGHTS = (1.0, 4.0, 16.0, 64.0, 256.0)
 
 
 def _balanced(graph: Graph, num_devices: int, plan: Plan, options: SearchOptions,
-              shared: "_Shared", small_weights: tuple[frozenset, float]) -> Plan:
+              shared: "_Shared", small_weights: tuple[frozenset, float], ideal: float) -> Plan:
     """``plan`` if its devices hold at most ``options.balance`` times the ideal (its memory
     estimate against 1/k of everything it counts), else the first plan within that found
     at the weights :data:`BALANCE_WEIGHTS` (which price the bytes a device stores above an
-    even share: a split's remainder, a whole copy), or ``plan`` if none is."""
-    ideal = ideal_memory(graph, shared.kept, options, num_devices)
+    even share: a split's remainder, a whole copy), or ``plan`` if none is; ``ideal``:
+    :func:`ideal_memory`."""
     if plan.memory[0].total <= options.balance * ideal:
         return plan
     for weight in BALANCE_WEIGHTS:

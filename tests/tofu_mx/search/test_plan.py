@@ -93,13 +93,13 @@ def test_small_weights_are_kept_before_the_search_smallest_first():
     ideal = ideal_memory(graph, shared.kept, SearchOptions(), 2)
     sizes = {"out_weight": 4 * 16 * 8, "fc1_weight": 4 * 16 * 16, "fc0_weight": 4 * 32 * 16}
     share = (sizes["out_weight"] + sizes["fc1_weight"]) / ideal
-    kept, used = _small_weights(graph, 2, SearchOptions(keep_share=share), shared)
+    kept, used = _small_weights(graph, 2, SearchOptions(keep_share=share), shared, ideal)
     assert {graph.nodes[i].name for i, _ in kept} == {"out_weight", "fc1_weight"}
     assert used == sizes["out_weight"] + sizes["fc1_weight"]
-    assert _small_weights(graph, 2, SearchOptions(keep_share=0.99 * share), shared)[0] == \
+    assert _small_weights(graph, 2, SearchOptions(keep_share=0.99 * share), shared, ideal)[0] == \
         {(graph.index("out_weight"), 0)}
     for off in (SearchOptions(refetch=False), SearchOptions(keep_share=0)):
-        assert _small_weights(graph, 2, off, shared) == (frozenset(), 0.0)
+        assert _small_weights(graph, 2, off, shared, ideal) == (frozenset(), 0.0)
     p = plan_graph(graph, 2, options=SearchOptions(keep_share=share))
     assert {("out", 1), ("fc1", 1)} <= set(p.kept)
 
