@@ -475,32 +475,38 @@ class Cut:
         with a second fetch for the backward pass (:class:`Refetched`). Tied copies (RNN
         steps) reading the same tensor in the same region share one fetched copy, and sum
         their gradients before reducing it: one edge."""
-        inputs_of, facts_of = self.structure.inputs, self.structure.tensor_facts
+        structure, graph = self.structure, self.graph
+        inputs_of, facts_of = structure.inputs, structure.tensor_facts
         held, matrices = self._held(slots, resolved), self._matrices
+        refetch, kept_tensors, weighted = self.refetch, self.kept_tensors, bool(self.memory_weight)
         edges, seen, refetched = [], {}, {}
         for k, obj in enumerate(slots):
             if not isinstance(obj, Group):
                 continue
+            resolution = resolved[k]
             for c, copy in enumerate(obj.copies):
-                for p, j, read in self._reads(resolved[k], c, copy):
-                    tensor = inputs_of[copy[p]][j]
-                    if (k, tensor, read) in seen:
-                        if seen[(k, tensor, read)] in refetched:
-                            refetched[seen[(k, tensor, read)]][-1].append((copy[p], j))
+                for p, j, read in self._reads(resolution, c, copy):
+                    member = copy[p]
+                    tensor = inputs_of[member][j]
+                    at = (k, tensor, read)
+                    first = seen.get(at)
+                    if first is not None:
+                        if first in refetched:
+                            refetched[first][-1].append((member, j))
                         continue
-                    seen[(k, tensor, read)] = len(edges)
+                    seen[at] = len(edges)
                     src = slot_of[tensor[0]]
-                    again = self.refetch and tensor not in self.kept_tensors and \
-                        self.structure.refetches(self.graph, copy[p])
-                    kept = bool(self.memory_weight) and not again and \
-                        self.structure.keeps_input(self.graph, copy[p], j)
+                    again = refetch and tensor not in kept_tensors and \
+                        structure.refetches(graph, member)
+                    kept = weighted and not again and structure.keeps_input(graph, member, j)
                     key = (held[tensor], read, facts_of[tensor], kept, again, src == k)
-                    if key not in matrices:
-                        matrices[key] = self._edge_matrices(*key)
+                    found = matrices.get(key)
+                    if found is None:
+                        found = matrices[key] = self._edge_matrices(*key)
                     if again:
                         refetched[len(edges)] = (src, k, held[tensor], read, facts_of[tensor],
-                                                 [(copy[p], j)])
-                    edges.append((src, k) + matrices[key])
+                                                 [(member, j)])
+                    edges.append((src, k) + found)
         return edges, tuple(Refetched(src, k, h, r, f, tuple(readers))
                             for src, k, h, r, f, readers in refetched.values())
 

@@ -49,7 +49,7 @@ def make_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
     for u, v, m in edges:
         m = np.asarray(m, dtype=np.float64)
         if u == v:
-            unary[u] = unary[u] + np.diag(m)
+            unary[u] += m.diagonal()     # unary[u] is this function's own copy
             continue
         if u > v:
             u, v, m = v, u, m.T
