@@ -492,23 +492,25 @@ def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
 
 def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan, ...]:
     plans = []
-    typed: dict[tuple, StoredLayout] = {}      # the search's layout -> the plan's
+    parts = [r.cut.parts for r in results]
+    # (shape, the search's layout at each level) -> the plan's layouts and the largest shard
+    typed: dict[tuple, tuple[tuple[StoredLayout, ...], tuple[int, ...]]] = {}
     for i, node in enumerate(graph.nodes):
-        outs = [(node.name, 0)] if node.is_variable else \
-            [(f"{node.name}:{k}", k) for k in range(len(node.outputs))]
-        for name, k in outs:
+        variable = node.is_variable
+        kind = node.kind if variable else "activation"
+        for k in range(1 if variable else len(node.outputs)):
             info = node.outputs[k]
-            shard, layouts = list(info.shape), []
-            for r in results:
-                layout = r.var_layout[i] if node.is_variable else r.members[i][1][k]
-                if layout not in typed:
-                    typed[layout] = StoredLayout.of(layout)
-                layouts.append(typed[layout])
-                if layout[0] == "split":     # the largest piece
-                    shard[layout[1]] = -(-shard[layout[1]] // r.cut.parts)
-            kind = node.kind if node.is_variable else "activation"
-            plans.append(TensorPlan(name, kind, info.shape, info.dtype, tuple(layouts),
-                                    tuple(shard)))
+            found = tuple(r.var_layout[i] for r in results) if variable else \
+                tuple(r.members[i][1][k] for r in results)
+            key = (info.shape, found)
+            if key not in typed:
+                shard = list(info.shape)
+                for layout, p in zip(found, parts):
+                    if layout[0] == "split":     # the largest piece
+                        shard[layout[1]] = -(-shard[layout[1]] // p)
+                typed[key] = tuple(map(StoredLayout.of, found)), tuple(shard)
+            plans.append(TensorPlan(node.name if variable else f"{node.name}:{k}", kind,
+                                    info.shape, info.dtype, *typed[key]))
     return tuple(plans)
 
 
