@@ -161,8 +161,8 @@ class Cut:
     leader -> its choices), ``_resolutions`` (a group's choices and copy structures -> its
     rows and producer costs), ``_interned`` (each distinct tuple of layouts or regions, by
     id), ``_ends`` (a copy structure -> the ids of what its members hold and read),
-    ``_matrices`` (an edge's ends -> its cost matrices) and ``_kept`` (an edge's ends and
-    choices -> :meth:`kept_copy`)."""
+    ``_matrices`` (an edge's ends -> its cost matrices), ``_kept`` and ``_fetched`` (an
+    edge's ends and choices -> :meth:`kept_copy`, :meth:`second_fetch`)."""
 
     def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True,
                  needs_grad: dict | None = None, memory_weight: float = 0.0,
@@ -196,6 +196,7 @@ class Cut:
         self._ends: dict[tuple, int | tuple] = {}
         self._matrices: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._kept: dict[tuple, tuple[int, bool]] = {}
+        self._fetched: dict[tuple, int] = {}
         for g in self.groups:
             self._enumerate_choices(g)
 
@@ -530,10 +531,13 @@ class Cut:
     def second_fetch(self, edge: "Refetched", assignment: Sequence[int]) -> int:
         """Bytes the backward pass fetches again over ``edge`` under ``assignment`` (what
         keeping the converted copy instead saves): its forward fetch."""
-        layouts, (regions, shape) = self._interned[edge.held], self._interned[edge.read]
-        itemsize, _ = self.structure.facts_of_tensors[edge.facts]
-        return _consumer(layouts[assignment[edge.source]], shape,
-                         regions[assignment[edge.slot]], itemsize, False, False)
+        key = (edge.held, edge.read, edge.facts, assignment[edge.source], assignment[edge.slot])
+        if key not in self._fetched:
+            layouts, (regions, shape) = self._interned[edge.held], self._interned[edge.read]
+            itemsize, _ = self.structure.facts_of_tensors[edge.facts]
+            self._fetched[key] = _consumer(layouts[key[3]], shape, regions[key[4]], itemsize,
+                                           False, False)
+        return self._fetched[key]
 
     def _held(self, slots: tuple, resolved: list) -> dict[tuple[int, int], int]:
         """Tensor -> id of the layout it is stored in, per choice of its slot."""
