@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -627,10 +627,10 @@ class Resolution:
         return found
 
 
-@dataclass(frozen=True)
-class Refetched:
+class Refetched(NamedTuple):
     """An edge priced with a second fetch for the backward pass: ``readers`` (operator,
-    input) re-run in the backward pass and read the tensor over it."""
+    input) re-run in the backward pass and read the tensor over it. (A named tuple: a cut
+    makes one per re-fetched edge, hundreds of thousands in a large graph.)"""
 
     source: int                       # problem node holding the tensor
     slot: int                         # problem node reading it
