@@ -167,7 +167,7 @@ def _infer_shapes(everything: mx.sym.Symbol, shapes: dict, arg_names: list[str],
             f"the shapes of {', '.join(missing)} cannot be inferred from {_fmt(shapes)}. "
             f"Pass them as keywords (e.g. {missing[0]}=(...)), or give the shapes of the "
             f"inputs they depend on.")
-    unknown = [k for k, s in enumerate(out_shapes) if not s or 0 in s]
+    unknown = [k for k, s in enumerate(out_shapes) if _unknown(s)]
     if unknown:
         names = everything.list_outputs()
         missing = [names[k] for k in unknown]
