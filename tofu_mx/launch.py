@@ -12,7 +12,12 @@ as MXNet's distributed KVStore (``kvstore="dist_sync"``) needs them:
 - it fails fast: when a process exits with an error (or is killed), the others are
   stopped at once and the launcher exits with that code (1 for a signal), naming the
   process; when every worker has finished cleanly, the scheduler and servers get
-  ``GRACE`` seconds to finish, then are stopped.
+  ``GRACE`` seconds to finish, then are stopped;
+- the servers sum float64 in float64: they start with glibc's malloc handing out zeroed
+  memory (``SERVER_TUNABLES``). MXNet 1.9.1's server never initialises its
+  ``multi_precision_`` flag (``src/kvstore/kvstore_dist_server.h``), so whatever the heap
+  held there decides whether it keeps and sums float64 keys in float32; zeroed memory makes
+  it false. A ``GLIBC_TUNABLES`` of your own comes after these, so yours win.
 
 It is for trying and testing on one machine. On a cluster, use MXNet's own launcher
 (``tools/launch.py`` of MXNet's sources, with ``--launcher ssh`` and a host file) or
@@ -39,6 +44,10 @@ GRACE = 10.0
 #: seconds a stopped process gets between SIGTERM and SIGKILL
 STOP = 3.0
 HOST = "127.0.0.1"
+#: glibc's malloc settings for the servers: no per-thread cache (it hands out memory without
+#: the perturb step) and every block zeroed when handed out (perturb byte 255: filled with
+#: 255 ^ 0xff), so the server's uninitialised multi_precision_ flag reads false
+SERVER_TUNABLES = "glibc.malloc.tcache_count=0:glibc.malloc.perturb=255"
 
 
 @dataclass
@@ -73,6 +82,8 @@ def launch(command: Sequence[str], workers: int, servers: int = 1, *,
                 DMLC_NODE_HOST=HOST, DMLC_NUM_SERVER=str(servers),
                 DMLC_NUM_WORKER=str(workers))
     serve = [sys.executable, "-c", "import mxnet"]
+    own = base.get("GLIBC_TUNABLES")
+    tunables = {"GLIBC_TUNABLES": f"{SERVER_TUNABLES}:{own}" if own else SERVER_TUNABLES}
     lock = threading.Lock()
     plan = [("scheduler", "scheduler", serve)] + \
         [(f"server {i}", "server", serve) for i in range(servers)] + \
@@ -80,7 +91,8 @@ def launch(command: Sequence[str], workers: int, servers: int = 1, *,
     processes: list[_Process] = []
     try:
         for name, role, argv in plan:
-            processes.append(_start(name, argv, {**base, "DMLC_ROLE": role}, out, lock))
+            env = {**base, "DMLC_ROLE": role, **(tunables if role == "server" else {})}
+            processes.append(_start(name, argv, env, out, lock))
         return _watch(processes, out, lock)
     finally:
         _stop(processes)

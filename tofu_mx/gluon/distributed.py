@@ -30,6 +30,7 @@ import numpy as np
 
 from tofu_mx.arguments import show
 from tofu_mx.errors import InvalidArgumentError, TofuError
+from tofu_mx.launch import SERVER_TUNABLES
 from tofu_mx.runtime.partitioned import PartitionedSymbol
 from tofu_mx.search.plan import graph_fingerprint
 
@@ -37,8 +38,11 @@ from tofu_mx.search.plan import graph_fingerprint
 DMLC_VARIABLES = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
                   "DMLC_NUM_WORKER")
 #: keys of the KVStore the Trainer uses: the plan's fingerprint, a number from each worker
-#: (:func:`all_gather`), then one key per parameter shard from SHARD_KEYS on
-FINGERPRINT_KEY, GATHER_KEY, SHARD_KEYS = 0, 1, 2
+#: (:func:`all_gather`), the servers' float64 probe, then one key per parameter shard from
+#: SHARD_KEYS on
+FINGERPRINT_KEY, GATHER_KEY, PROBE_KEY, SHARD_KEYS = 0, 1, 2, 3
+#: what the float64 probe stores: not a float32 number
+PROBE_VALUE = 1 / 3
 _LAUNCH_HINT = ("start the workers with python -m tofu_mx.launch -n 2 -- python train.py ... "
                 "on one machine, or MXNet's tools/launch.py on a cluster")
 
@@ -58,6 +62,11 @@ class Collective:
     def all_reduce(self, keys: Sequence[int], arrays: Sequence[mx.nd.NDArray]) -> None:
         """Each array replaced by its sum over the workers, in place."""
         raise NotImplementedError
+
+    def check_float64(self) -> None:
+        """Raise :class:`tofu_mx.TofuError` on every worker unless float64 arrays are kept
+        and summed in float64; every worker must call it. Nothing to check by default."""
+
 
 
 class _KVStore(Collective):
@@ -86,6 +95,43 @@ class _KVStore(Collective):
         # Later keys first, as gluon.Trainer orders them (priority -key).
         for k, a in zip(keys, arrays):
             self.kvstore.pushpull(k, a, out=a, priority=-k)
+
+    def check_float64(self) -> None:
+        # MXNet 1.9.1's server never initialises its multi_precision_ flag
+        # (src/kvstore/kvstore_dist_server.h): where the heap left it nonzero, the server
+        # keeps every non-float32 key in float32 (it stores worker 0's init so, sums so, and
+        # hands back the float32 values cast up). Measured with glibc's malloc perturb byte:
+        # zeroed memory gives float64, 0xfe float32. Each server process draws its own, so
+        # the probe is split over all of them (see _probe_size).
+        probe = mx.nd.array(np.full(_probe_size(), PROBE_VALUE), dtype="float64")
+        self.broadcast([PROBE_KEY], [probe])
+        got = probe.asnumpy()
+        wrong = np.flatnonzero(got != PROBE_VALUE)
+        if wrong.size:
+            raise TofuError(
+                f"the {self.name} servers would keep and sum this model's float64 parameters "
+                f"in float32: worker 0 stored 1/3 and got back {float(got[wrong[0]])!r} "
+                f"(float32's 1/3 is {float(np.float32(PROBE_VALUE))!r}) at {wrong.size} of "
+                f"{got.size} places. MXNet 1.9.1's server leaves its multi_precision_ flag "
+                f"uninitialised (src/kvstore/kvstore_dist_server.h), so each server process "
+                f"sums float64 in float32 or float64 by chance. Start the servers with "
+                f"python -m tofu_mx.launch (it hands them zeroed memory), or give them "
+                f"GLIBC_TUNABLES={SERVER_TUNABLES} under another launcher; or train in "
+                f"float32, or with kvstore='horovod'")
+
+
+def _probe_size() -> int:
+    """Elements of the float64 probe: 1 with one server; otherwise MXNet's 'big array'
+    bound (MXNET_KVSTORE_BIGARRAY_BOUND, 1,000,000 unless set), from which an array is
+    split over every server, so every server is probed (a bound above 4M elements is not
+    followed: the probe then reaches one server)."""
+    try:
+        if int(os.environ.get("DMLC_NUM_SERVER", "0")) == 1:
+            return 1
+        bound = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))
+    except ValueError:
+        bound = 1000 * 1000
+    return bound if 1 <= bound <= 1 << 22 else 1
 
 
 class _Horovod(Collective):
@@ -225,9 +271,11 @@ def check_same_plan(collective: Collective, fingerprint: str) -> None:
 
 
 def all_gather(collective: Collective, value: float) -> list[float]:
-    """Every worker's ``value``, by rank (float64, exact); every worker must call it."""
-    values = np.zeros(collective.num_workers, dtype=np.float64)
-    values[collective.rank] = value
-    out = mx.nd.array(values, dtype="float64")
+    """Every worker's ``value``, by rank (float64, exact: its 64 bits travel as four 16-bit
+    numbers in float32, which any engine sums exactly with the other workers' zeros);
+    every worker must call it."""
+    pieces = np.zeros((collective.num_workers, 4), dtype=np.float32)
+    pieces[collective.rank] = np.frombuffer(np.float64(value).tobytes(), dtype="<u2")
+    out = mx.nd.array(pieces, dtype="float32")
     collective.all_reduce([GATHER_KEY], [out])
-    return out.asnumpy().tolist()
+    return out.asnumpy().astype("<u2").view("<f8").ravel().tolist()

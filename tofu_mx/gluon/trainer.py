@@ -85,6 +85,8 @@ class Trainer:
             distributed.claim(self._collective)
             distributed.check_same_plan(self._collective,
                                         distributed.plan_fingerprint(block.partitioned))
+            if any(w.dtype == np.float64 for _, w, _ in param_shards):
+                self._collective.check_float64()
             keys = {s.name: distributed.SHARD_KEYS + i
                     for i, (s, _, _) in enumerate(param_shards)}
             self._collective.broadcast([keys[s.name] for s, _, _ in param_shards],

@@ -10,6 +10,10 @@ worker ``OUT/worker-<rank>.params`` and ``OUT/worker-<rank>.json`` (its per-samp
 
 ``python dist_worker.py OUT mismatch dist_sync``: the first worker to start partitions for
 batch B, the others for B + 2; every worker must refuse to train.
+
+``python dist_worker.py OUT float32-servers dist_sync`` (servers that keep float64 in
+float32): every worker gathers ``1/3 + rank``, then builds the float64 Trainer, and writes
+``OUT/worker-<rank>.json`` with what it gathered and the Trainer's error.
 """
 import json
 import os
@@ -21,6 +25,8 @@ from mxnet import gluon
 from mxnet.gluon import nn
 
 import tofu_mx.gluon as tg
+from tofu_mx.errors import TofuError
+from tofu_mx.gluon import distributed
 
 B, STEPS, FEATURES, CLASSES = 4, 3, 12, 5
 DEVICES = [mx.cpu(0), mx.cpu(1)]
@@ -57,6 +63,17 @@ def main(out: str, optimizer: str, kvstore: str) -> None:
             batch = B + 2
     net = make_net(seed=os.getpid())
     pnet = tg.partition(net, DEVICES, loss=LOSS, data=(batch, FEATURES), label=(batch,))
+    if optimizer == "float32-servers":
+        collective = distributed.connect(kvstore)
+        gathered = distributed.all_gather(collective, 1 / 3 + collective.rank)
+        try:
+            tg.Trainer(pnet, "sgd", kvstore=collective)
+            error = None
+        except TofuError as e:
+            error = str(e)
+        with open(os.path.join(out, f"worker-{collective.rank}.json"), "w") as f:
+            json.dump({"gathered": gathered, "error": error}, f)
+        return
     trainer = tg.Trainer(pnet, "sgd" if mismatch else optimizer,
                          OPTIMIZERS.get(optimizer, {}), kvstore=kvstore)
     rank, workers = trainer.rank, trainer.num_workers

@@ -34,7 +34,7 @@ def horovod_missing() -> str | None:
     return None
 
 
-def launch(tmp_path, optimizer, kvstore="dist_sync", workers=2, timeout=110):
+def launch(tmp_path, optimizer, kvstore="dist_sync", workers=2, timeout=110, env=None):
     if kvstore == "horovod":
         launcher = [sys.executable, "-m", "horovod.runner.launch", "-np", str(workers), "-H",
                     f"localhost:{workers}", "--gloo"]
@@ -42,7 +42,8 @@ def launch(tmp_path, optimizer, kvstore="dist_sync", workers=2, timeout=110):
         launcher = [sys.executable, "-m", "tofu_mx.launch", "-n", str(workers), "--"]
     start = time.monotonic()
     done = subprocess.run([*launcher, sys.executable, WORKER, str(tmp_path), optimizer, kvstore],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
     return done, time.monotonic() - start
 
 
@@ -93,6 +94,23 @@ def test_workers_that_partitioned_differently_refuse_to_train(tmp_path):
     assert done.returncode != 0
     assert "did not partition alike: worker(s) [" in done.stdout, done.stdout[-3000:]
     assert not list(tmp_path.glob("worker-*"))
+
+
+def test_servers_that_would_sum_float64_in_float32_are_refused_and_all_gather_stays_exact(
+        tmp_path):
+    """Servers handed memory filled with 0xfe (glibc's perturb byte 1, after the launcher's
+    own tunables) read MXNet 1.9.1's uninitialised multi_precision_ flag as true and keep
+    float64 in float32: every worker's float64 Trainer refuses to start, with the way out,
+    while all_gather still returns every worker's float64 exactly."""
+    done, _ = launch(tmp_path, "float32-servers", env={"GLIBC_TUNABLES": "glibc.malloc.perturb=1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for r in range(2):
+        run = json.loads((tmp_path / f"worker-{r}.json").read_text())
+        assert run["gathered"] == [1 / 3, 1 / 3 + 1]
+        assert run["error"] is not None, "float64 through float32 servers was accepted"
+        assert "would keep and sum this model's float64 parameters in float32" in run["error"]
+        assert "got back 0.3333333432674408" in run["error"]
+        assert "python -m tofu_mx.launch" in run["error"] and "GLIBC_TUNABLES=" in run["error"]
 
 
 def test_kvstore_errors_are_clear(monkeypatch):
