@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from nnvm_passes.backward import kept_for_backward
-from nnvm_passes.ir import FrozenDict, Graph
+from nnvm_passes.ir import Entry, FrozenDict, Graph
 from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
@@ -319,13 +319,45 @@ def _check_types(plan: Plan) -> None:
 
 def graph_fingerprint(graph: Graph) -> str:
     """A digest of what a plan depends on: every node's name, operator, attributes, inputs,
-    and every tensor's shape and dtype."""
-    h = hashlib.sha256()
+    and every tensor's shape and dtype.
+
+    The SHA-256 of each node's ``json.dumps([name, op, sorted(attrs.items()), inputs,
+    [[shape, dtype], ...], kind])``, then of the heads' (saved plans store it). The JSON of
+    an attribute mapping or a tensor is made once per object (nodes share them), the rest
+    written as ``json.dumps`` writes it."""
+    attrs_json: dict[int, tuple] = {}       # id -> (the object, kept alive; its JSON)
+    info_json: dict[int, tuple] = {}
+    parts = []
     for n in graph.nodes:
-        h.update(json.dumps([n.name, n.op, sorted(n.attrs.items()), [e.to_json() for e in n.inputs],
-                             [[list(t.shape), t.dtype] for t in n.outputs], n.kind]).encode())
-    h.update(json.dumps([e.to_json() for e in graph.heads]).encode())
-    return h.hexdigest()[:16]
+        attrs = attrs_json.get(id(n.attrs))
+        if attrs is None:
+            attrs = attrs_json[id(n.attrs)] = (n.attrs, json.dumps(sorted(n.attrs.items())))
+        outs = []
+        for t in n.outputs:
+            info = info_json.get(id(t))
+            if info is None:
+                info = info_json[id(t)] = (t, json.dumps([list(t.shape), t.dtype]))
+            outs.append(info[1])
+        ins = ", ".join([_entry_json(e) for e in n.inputs])
+        parts.append(f"[{_json_str(n.name)}, {_json_str(n.op)}, {attrs[1]}, [{ins}], "
+                     f"[{', '.join(outs)}], {_json_str(n.kind)}]")
+    parts.append(json.dumps([e.to_json() for e in graph.heads]))
+    return hashlib.sha256("".join(parts).encode()).hexdigest()[:16]
+
+
+def _json_str(value: Any) -> str:
+    """``json.dumps(value)``, quick for a string."""
+    return _ENCODE_STR(value) if type(value) is str else json.dumps(value)
+
+
+def _entry_json(e: Entry) -> str:
+    """``json.dumps(e.to_json())``, quick for int fields."""
+    if type(e.node) is int and type(e.index) is int and type(e.version) is int:
+        return f"[{e.node}, {e.index}, {e.version}]"
+    return json.dumps(e.to_json())
+
+
+_ENCODE_STR = json.encoder.encode_basestring_ascii     # what json.dumps writes a string with
 
 
 def check_plan(plan: Plan, graph: Graph, num_devices: int | None = None) -> None:

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 
@@ -369,3 +370,38 @@ def test_stored_excess_prices_a_remainder_and_a_whole_copy():
 def test_balance_must_be_off_or_a_multiple_of_the_ideal(bad):
     with pytest.raises(InvalidArgumentError, match="balance"):
         SearchOptions(balance=bad)
+
+
+def _fingerprint_as_json_dumps(graph) -> str:
+    """graph_fingerprint as first written (saved plans store it): one json.dumps per node."""
+    import hashlib
+    h = hashlib.sha256()
+    for n in graph.nodes:
+        h.update(json.dumps([n.name, n.op, sorted(n.attrs.items()), [e.to_json() for e in n.inputs],
+                             [[list(t.shape), t.dtype] for t in n.outputs], n.kind]).encode())
+    h.update(json.dumps([e.to_json() for e in graph.heads]).encode())
+    return h.hexdigest()[:16]
+
+
+def test_graph_fingerprint_is_the_digest_saved_plans_hold():
+    """The quick fingerprint equals the one json.dumps per node gives: on the zoo's graphs,
+    lowered and not, and on names and attributes json.dumps escapes (quotes, non-ASCII),
+    non-string attribute values and a node with no kind."""
+    from nnvm_passes.ir import FrozenDict
+    from tofu_mx.search.plan import graph_fingerprint, lower_graph
+    from tofu_mx.tdl.coverage import builtin_graphs
+    seen = set()
+    for name, sym, shapes in builtin_graphs():
+        graph = import_symbol(sym, **shapes)
+        for g in (graph, lower_graph(graph, 2)):
+            assert graph_fingerprint(g) == _fingerprint_as_json_dumps(g), name
+            seen.add(graph_fingerprint(g))
+    x = mx.sym.var("dätä \"q\"")
+    sym = mx.sym.FullyConnected(x, num_hidden=3, name="fc\\ü\u2603")
+    graph = import_symbol(sym, **{"dätä \"q\"": (2, 4)})
+    odd = dataclasses.replace(graph, nodes=tuple(
+        dataclasses.replace(n, kind=None, attrs=FrozenDict(n.attrs, extra=1.5, flag=True))
+        for n in graph.nodes))
+    for g in (graph, odd):
+        assert graph_fingerprint(g) == _fingerprint_as_json_dumps(g)
+    assert len(seen | {graph_fingerprint(graph), graph_fingerprint(odd)}) == len(seen) + 2
