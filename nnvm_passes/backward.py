@@ -47,16 +47,28 @@ class _Gradient:
 
 
 def _gradient(node: Node, graph: Graph) -> _Gradient:
-    infos = [graph.tensor(e) for e in node.inputs]
+    nodes = graph.nodes
+    infos = [nodes[e.node].outputs[e.index] for e in node.inputs]
+    dtypes = tuple([i.dtype for i in infos])
+    # first by the node's own attribute mapping (hashed once, shared by nodes)
+    quick = (node.op, node.attrs, tuple([len(i.shape) for i in infos]), dtypes,
+             len(node.outputs))
+    found = _BY_NODE_ATTRS.get(quick)
+    if found is not None:
+        return found
     attrs = _visible(node.attrs)
-    shapes, dtypes = tuple(i.shape for i in infos), tuple(i.dtype for i in infos)
-    key = (node.op, attrs, tuple(len(s) for s in shapes), dtypes, len(node.outputs))
+    shapes = tuple(i.shape for i in infos)
+    key = (node.op, attrs, quick[2], dtypes, len(node.outputs))
     if key in _CACHE:
         _CACHE.move_to_end(key)
-        return _CACHE[key]
-    found = _CACHE[key] = _derive(node.op, attrs, shapes, dtypes, len(node.outputs))
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
+        found = _CACHE[key]
+    else:
+        found = _CACHE[key] = _derive(node.op, attrs, shapes, dtypes, len(node.outputs))
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    if len(_BY_NODE_ATTRS) >= _CACHE_SIZE:
+        _BY_NODE_ATTRS.clear()
+    _BY_NODE_ATTRS[quick] = found
     return found
 
 
@@ -83,6 +95,9 @@ def passes_gradient_through(node: Node, graph: Graph) -> bool:
 #: (the structure does not depend on sizes); the least recently used is dropped past the size
 _CACHE: OrderedDict[tuple, _Gradient] = OrderedDict()
 _CACHE_SIZE = 1 << 12
+#: the same, by a node's raw attribute mapping (hidden attributes included): a dict lookup
+#: per node, where the key above sorts the attributes (emptied when full)
+_BY_NODE_ATTRS: dict[tuple, _Gradient] = {}
 
 
 def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int) -> _Gradient:
@@ -204,27 +219,27 @@ def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool]
     own outputs, and what it reads is built again in turn where marked; the unmarked tensors
     beneath are held, by the marked node reading them."""
     mirrored = mirrored_nodes(graph)
-    kept: dict[tuple[int, int], set[int]] = {
-        (i, j): set() for i, n in enumerate(graph.nodes) if not n.is_variable
-        for j in range(len(n.outputs))}
+    nodes = graph.nodes
+    kept: dict[tuple[int, int], set[int]] = {}     # the tensors some gradient reads
     held: set[tuple[int, int]] = set()    # (mirrored node, input position) already followed
 
     def hold(e, reader: int) -> None:
         """``reader`` (or, when marked, its copy) reads entry ``e`` in the backward pass."""
-        if graph.nodes[e.node].is_variable:
+        if nodes[e.node].op == "null":      # a variable
             return
         if reader not in mirrored or e.node not in mirrored:
-            kept[(e.node, e.index)].add(reader)
+            kept.setdefault((e.node, e.index), set()).add(reader)
             return
         for p, inner in enumerate(graph.nodes[e.node].inputs):   # the copy's input, in turn
             if (e.node, p) not in held:
                 held.add((e.node, p))
                 hold(inner, e.node)
 
-    for i, node in enumerate(graph.nodes):
-        if node.is_variable or not any(grads[(i, j)] for j in range(len(node.outputs))):
+    for i, node in enumerate(nodes):
+        if node.op == "null" or not any(grads[(i, j)] for j in range(len(node.outputs))):
             continue
-        ins, outs = backward_reads(node, graph)
+        found = _gradient(node, graph)
+        ins, outs = found.inputs, found.outputs
         if i in mirrored:     # its copy runs again, from all its inputs
             for p, e in enumerate(node.inputs):
                 if (i, p) not in held:
@@ -232,10 +247,12 @@ def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool]
                     hold(e, i)
             continue
         for j in outs:
-            kept[(i, j)].add(i)
+            kept.setdefault((i, j), set()).add(i)
         for p in ins:
             hold(node.inputs[p], i)
-    return {t: frozenset(r) for t, r in kept.items()}
+    none: frozenset[int] = frozenset()
+    return {(i, j): frozenset(kept[(i, j)]) if (i, j) in kept else none
+            for i, n in enumerate(nodes) if n.op != "null" for j in range(len(n.outputs))}
 
 
 def mirrored_nodes(graph: Graph) -> frozenset[int]:
