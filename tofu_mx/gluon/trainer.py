@@ -43,7 +43,8 @@ class Trainer:
     returns) or ``"horovod"`` for data parallelism across workers
     that each partitioned the block alike (checked here, on every worker). Every worker then
     starts from worker 0's parameter values. The KVStore's keys 0, 1, 2, ... are the
-    Trainer's."""
+    Trainer's. With float64 parameters, ``dist_sync``'s servers are checked to keep float64
+    (MXNet 1.9.1's may not: :meth:`~tofu_mx.gluon.distributed.Collective.check_float64`)."""
 
     def __init__(self, block: PartitionedBlock, optimizer: Any = "sgd",
                  optimizer_params: Mapping[str, Any] | None = None, kvstore: Any = None):
