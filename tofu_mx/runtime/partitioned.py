@@ -396,16 +396,33 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
         _check_operators(graph, plan, k, strict)
         return apply_plan(symbol, graph, plan, contexts)
     budgets = budgets_of(memory_budget, k)
+    applied = _Applied(symbol, graph, contexts)
 
     def measure(weight: float, refetch: bool = False, keep_share: float = 0.0):
         tried = _variant(options, weight, refetch, keep_share)
         plan = plan_graph(graph, k, options=tried)
         _check_operators(graph, plan, k, strict)
-        ptd = apply_plan(symbol, graph, plan, contexts)
+        ptd = applied(plan)
         return trade_off(ptd, weight, tried.optimizer_state, keep_share), ptd
     others = [measure(options.memory_weight, True, share)
               for share in _refetch_shares(options)]
     return fit_budget(measure, budgets, options.memory_weight, others)
+
+
+class _Applied:
+    """:func:`apply_plan` of one symbol, graph and devices, once per distinct plan: the
+    weights a budget or a frontier tries often give the same plan (measured: 9 tries, 7
+    plans), and rewriting and measuring one costs far more than searching it."""
+
+    def __init__(self, symbol: mx.sym.Symbol, graph: Graph, contexts: Sequence[mx.Context]):
+        self.symbol, self.graph, self.contexts = symbol, graph, contexts
+        self._done: dict[str, PartitionedSymbol] = {}
+
+    def __call__(self, plan: Plan) -> PartitionedSymbol:
+        key = plan.to_json()
+        if key not in self._done:
+            self._done[key] = apply_plan(self.symbol, self.graph, plan, self.contexts)
+        return self._done[key]
 
 
 def _variant(options: SearchOptions, weight: float, refetch: bool,
@@ -441,6 +458,7 @@ def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     whole = import_graph(symbol, dtypes=dtypes, **shapes)
     graph = lower_graph(whole, k)
     points = []
+    applied = _Applied(symbol, graph, contexts)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)     # fallbacks: reported by partition()
         one = apply_plan(symbol, whole, plan_graph(whole, 1, options=options), contexts[:1])
@@ -449,7 +467,7 @@ def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
             [(options.memory_weight, True, share) for share in _refetch_shares(options)]
         for weight, refetch, share in tries:
             tried = _variant(options, weight, refetch, share)
-            ptd = apply_plan(symbol, graph, plan_graph(graph, k, options=tried), contexts)
+            ptd = applied(plan_graph(graph, k, options=tried))
             points.append(trade_off(ptd, weight, tried.optimizer_state, share))
     return Frontier(pareto(points), ideal)
 

@@ -84,3 +84,27 @@ def test_frontier_of_a_wresnet():
     assert front.points[0].worst < 1.3 * front.ideal
     text = front.report()
     assert "Pareto front" in text and "/ ideal" in text and "re-fetch" in text
+
+
+def test_a_plan_that_several_weights_give_is_rewritten_once(monkeypatch):
+    """partition(memory_budget=...) and frontier() rewrite and measure each distinct plan
+    once: the weights they try often give the same plan."""
+    from tofu_mx.runtime import partitioned
+    from tofu_mx.search.plan import SearchOptions, lower_graph, plan_graph
+    from tofu_mx.tdl.annotate import import_graph
+    sym, shapes = models.wresnet(14, 1, 10), models.input_shapes("wresnet", 4, image_size=16)
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    graph = lower_graph(import_graph(sym, **shapes), 2)
+    calls = []
+    real = partitioned.apply_plan
+    monkeypatch.setattr(partitioned, "apply_plan",
+                        lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    applied = partitioned._Applied(sym, graph, ctx)
+    fewest = plan_graph(graph, 2, options=SearchOptions(refetch=False))
+    again = plan_graph(graph, 2, options=SearchOptions(refetch=False))
+    other = plan_graph(graph, 2)
+    assert again is not fewest and again == fewest and other != fewest
+    first = applied(fewest)
+    assert applied(again) is first and len(calls) == 1
+    assert applied(other) is not first and len(calls) == 2
+    assert first.plan == fewest and applied(other).plan == other
