@@ -79,8 +79,13 @@ class RewriteResult:
 
 
 def _intersect(a: Box, b: Box) -> Box | None:
-    out = tuple((max(x[0], y[0]), min(x[1], y[1])) for x, y in zip(a, b))
-    return None if any(lo > hi for lo, hi in out) else out
+    out = []
+    for (a_lo, a_hi), (b_lo, b_hi) in zip(a, b):
+        lo, hi = max(a_lo, b_lo), min(a_hi, b_hi)
+        if lo > hi:
+            return None
+        out.append((lo, hi))
+    return tuple(out)
 
 
 class _Rewrite:
@@ -242,18 +247,28 @@ class _Rewrite:
         """Distinct boxes computed of ``t``, each with the devices whose shares make it (the
         contributors summed for partial outputs), preferring a group with ``d``."""
         op = self.a.ops[t[0]]
-        groups: dict[tuple, list[int]] = {}
-        for e, share in enumerate(op.shares):
-            if share is not None:       # None: device e runs none of this operator
-                groups.setdefault((share.outputs[t[1]], share.key), []).append(e)
-        by_box: dict[Box, list[list[int]]] = {}
-        for (box, _), devices in groups.items():
-            by_box.setdefault(box, []).append(devices)
+        by_box, partial = self._computed(t)
         out = []
         for box, options in by_box.items():
             mine = [g for g in options if d in g and not op.loss]
             out.append((box, mine[0] if mine else options[0]))
-        return out, next(s for s in op.shares if s is not None).partial
+        return out, partial
+
+    def _computed(self, t: tuple[int, int]) -> tuple[dict, str | None]:
+        """Each distinct box computed of ``t`` -> the groups of devices computing it (for
+        :meth:`computed`, once per tensor)."""
+        key = ("computed", t)
+        if key not in self.memo:
+            op = self.a.ops[t[0]]
+            groups: dict[tuple, list[int]] = {}
+            for e, share in enumerate(op.shares):
+                if share is not None:       # None: device e runs none of this operator
+                    groups.setdefault((share.outputs[t[1]], share.key), []).append(e)
+            by_box: dict[Box, list[list[int]]] = {}
+            for (box, _), devices in groups.items():
+                by_box.setdefault(box, []).append(devices)
+            self.memo[key] = by_box, next(s for s in op.shares if s is not None).partial
+        return self.memo[key]
 
     def stored(self, t: tuple[int, int], d: int) -> Sym:
         key = ("stored", t, d)
