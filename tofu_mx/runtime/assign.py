@@ -137,13 +137,22 @@ def assign(graph: Graph, plan: Plan) -> Assignment:
     for name, j in plan.kept:
         kept.setdefault(name, set()).add(j)
     ops: dict[int, OpAssignment] = {}
+    # one assignment per operator, attributes, shapes, strategies and outputs read (repeated
+    # units share it; nothing in it names the node)
+    alike: dict[tuple, OpAssignment] = {}
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
             continue
         read = {e.index for c, _ in consumers.get(i, []) for e in graph.nodes[c].inputs
                 if e.node == i}
         try:
-            op = _assign_op(graph, i, strategies[node.name], plan.factors, parts, read)
+            key = (node.op, node.attrs, tuple(graph.tensor(e).shape for e in node.inputs),
+                   tuple(t.shape for t in node.outputs),
+                   tuple((s.kind, s.var) for s in strategies[node.name]), frozenset(read))
+            op = alike.get(key)
+            if op is None:
+                op = alike[key] = _assign_op(graph, i, strategies[node.name], plan.factors,
+                                             parts, read)
             ops[i] = dataclasses.replace(
                 op, placed_by_input=not facts(node.op).group_attr,
                 refetch=plan.refetch and refetches_inputs(graph, i, grads),
