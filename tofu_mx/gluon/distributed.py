@@ -68,7 +68,6 @@ class Collective:
         and summed in float64; every worker must call it. Nothing to check by default."""
 
 
-
 class _KVStore(Collective):
     """MXNet's distributed KVStore: servers that sum what the workers push (no updater)."""
 
