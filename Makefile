@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 
 .PHONY: test test-slow test-horovod demo bench bench-paper clean
 
+# pytest processes (pytest-xdist): CI's machines have 2 cores; `make test TEST_WORKERS=0`
+# runs the suite in one process
+TEST_WORKERS ?= 2
+
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -13,10 +17,10 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(TEST_WORKERS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest tests -m slow
+	$(PY) -m pytest tests -m slow -n $(TEST_WORKERS)
 
 # Horovod, built from source against the installed MXNet (several minutes; needs cmake and a
 # C++ compiler), then the distributed tests, which run it where it imports.

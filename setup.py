@@ -29,8 +29,9 @@ setup(
         # numpy pin above, pip keeps numpy < 1.24)
         "bench": ["matplotlib>=3.6,<3.8"],
         # gluonnlp 0.10 supplies models nobody on this project wrote (BERT, Transformer, LMs);
-        # scikit-learn and scipy: tests/examples runs the example scripts
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "gluonnlp==0.10.0",
+        # scikit-learn and scipy: tests/examples runs the example scripts; pytest-xdist
+        # runs the suite in two processes (`make test`)
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5", "gluonnlp==0.10.0",
                  "scikit-learn>=1.2,<1.4", "scipy>=1.9,<1.12"],
     },
     entry_points={"console_scripts": ["tofu-mx=tofu_mx.cli:main"]},
