@@ -49,7 +49,7 @@ from nnvm_passes.ir import Graph
 from tofu_mx.search import ties
 from tofu_mx.search.cost import (consumer_bytes, converted_bytes, intersect,
                                   producer_bytes, stored_regions, volume)
-from tofu_mx.search.problem import Problem, make_problem
+from tofu_mx.search.problem import Problem, make_indexed_problem
 from tofu_mx.search.structure import GraphStructure, needs_grad_of
 from tofu_mx.tdl.analysis import Layout, Strategy
 from tofu_mx.tdl.annotate import annotate, replicate_strategy
@@ -463,53 +463,84 @@ class Cut:
                 resolved.append(layouts)
                 unary.append(zeros)
                 weighted_unary.append(excess)
-        edges, refetched = self._edges(slots, slot_of, resolved)
-        bytes_problem = make_problem(names, choices, unary, [e[:3] for e in edges])
-        weighted = bytes_problem if not self.memory_weight else make_problem(
-            names, choices, weighted_unary, [(u, v, w) for u, v, _, w in edges])
+        (source, target, which, costs, weights), refetched = \
+            self._edges(slots, slot_of, resolved)
+        bytes_problem = make_indexed_problem(names, choices, unary, source, target, which,
+                                             costs)
+        weighted = bytes_problem if not self.memory_weight else make_indexed_problem(
+            names, choices, weighted_unary, source, target, which, weights)
         return CutProblem(weighted, bytes_problem, slots, slot_of, tuple(resolved), refetched)
 
-    def _edges(self, slots: tuple, slot_of: dict[int, int],
-               resolved: list) -> tuple[list[tuple], tuple[Refetched, ...]]:
-        """``(source slot, slot, bytes moved, weighted cost)`` for each input of each member,
-        each matrix indexed by the source's and this slot's choices, and the edges priced
-        with a second fetch for the backward pass (:class:`Refetched`). Tied copies (RNN
-        steps) reading the same tensor in the same region share one fetched copy, and sum
-        their gradients before reducing it: one edge."""
-        structure, graph = self.structure, self.graph
-        inputs_of, facts_of = structure.inputs, structure.tensor_facts
-        held, matrices = self._held(slots, resolved), self._matrices
-        refetch, kept_tensors, weighted = self.refetch, self.kept_tensors, bool(self.memory_weight)
-        edges, seen, refetched = [], {}, {}
-        for k, obj in enumerate(slots):
-            if not isinstance(obj, Group):
+    def _edges(self, slots: tuple, slot_of: dict[int, int], resolved: list
+               ) -> tuple[tuple, tuple[Refetched, ...]]:
+        """The problem's edges, one for each input of each member, as arrays ``(source slot,
+        slot, matrix index)`` in reading order (slot, copy, member, input), with the bytes
+        moved and the weighted cost of each distinct matrix, indexed by the source's and
+        this slot's choices; and the edges priced with a second fetch for the backward pass
+        (:class:`Refetched`). Tied copies (RNN steps) reading the same tensor in the same
+        region share one fetched copy, and sum their gradients before reducing it: one
+        edge, the first in reading order. Copies of one structure are taken together:
+        what they read and hold comes from their structure, computed once."""
+        ports = self.structure.ports(self.graph, self.refetch, self.kept_tensors,
+                                     bool(self.memory_weight))
+        batches = self._batches(slots, resolved)
+        held = self._held(slots, resolved, batches, ports)
+        where = np.full(len(self.graph.nodes), -1, dtype=np.int64)
+        if slot_of:
+            where[np.fromiter(slot_of.keys(), np.int64, len(slot_of))] = \
+                np.fromiter(slot_of.values(), np.int64, len(slot_of))
+        slot, copy_at, position, port, read = [], [], [], [], []
+        for resolution, c, ks, cs, copies in batches.values():
+            member_at, inputs, reads = self._reads(resolution, c)
+            if not len(member_at):
                 continue
-            resolution = resolved[k]
-            for c, copy in enumerate(obj.copies):
-                for p, j, read in self._reads(resolution, c, copy):
-                    member = copy[p]
-                    tensor = inputs_of[member][j]
-                    at = (k, tensor, read)
-                    first = seen.get(at)
-                    if first is not None:
-                        if first in refetched:
-                            refetched[first][-1].append((member, j))
-                        continue
-                    seen[at] = len(edges)
-                    src = slot_of[tensor[0]]
-                    again = refetch and tensor not in kept_tensors and \
-                        structure.refetches(graph, member)
-                    kept = weighted and not again and structure.keeps_input(graph, member, j)
-                    key = (held[tensor], read, facts_of[tensor], kept, again, src == k)
-                    found = matrices.get(key)
-                    if found is None:
-                        found = matrices[key] = self._edge_matrices(*key)
-                    if again:
-                        refetched[len(edges)] = (src, k, held[tensor], read, facts_of[tensor],
-                                                 [(member, j)])
-                    edges.append((src, k) + found)
-        return edges, tuple(Refetched(src, k, h, r, f, tuple(readers))
-                            for src, k, h, r, f, readers in refetched.values())
+            n, width = len(copies), len(member_at)
+            port.append((ports.start[np.array(copies, dtype=np.int64)[:, member_at]]
+                         + inputs).ravel())
+            read.append(np.broadcast_to(reads, (n, width)).ravel())
+            slot.append(np.repeat(np.array(ks, dtype=np.int64), width))
+            copy_at.append(np.repeat(np.array(cs, dtype=np.int64), width))
+            position.append(np.tile(np.arange(width), n))
+        if not port:
+            return (np.zeros(0, np.int64),) * 3 + ([], []), ()
+        slot, copy_at, position, port, read = map(np.concatenate,
+                                                  (slot, copy_at, position, port, read))
+        order = np.lexsort((position, copy_at, slot))       # reading order
+        slot, port, read = slot[order], port[order], read[order]
+        tensor = ports.tensor[port]
+        # the readers of one tensor in one region by one slot, each group in reading order
+        by = np.lexsort((np.arange(len(slot)), read, tensor, slot))
+        starts = np.ones(len(by), dtype=bool)
+        starts[1:] = (slot[by[1:]] != slot[by[:-1]]) | (tensor[by[1:]] != tensor[by[:-1]]) | \
+            (read[by[1:]] != read[by[:-1]])
+        starts = np.flatnonzero(starts)
+        ends = np.append(starts[1:], len(by))
+        first = by[starts]
+        edge_order = np.argsort(first, kind="stable")
+        first, starts, ends = first[edge_order], starts[edge_order], ends[edge_order]
+        edge_port = port[first]
+        source, target = where[ports.source[edge_port]], slot[first]
+        again = ports.again[edge_port]
+        key = np.stack([held[tensor[first]], read[first], ports.facts[edge_port],
+                        ports.kept[edge_port], again, source == target], axis=1)
+        distinct, which = _distinct_rows(key)
+        matrices, costs, weights = self._matrices, [], []
+        for row in distinct.tolist():
+            found_key = (row[0], row[1], row[2], bool(row[3]), bool(row[4]), bool(row[5]))
+            found = matrices.get(found_key)
+            if found is None:
+                found = matrices[found_key] = self._edge_matrices(*found_key)
+            costs.append(found[0])
+            weights.append(found[1])
+        refetched = []
+        if again.any():
+            members, inputs = ports.member[port].tolist(), ports.input[port].tolist()
+            by_, starts_, ends_ = by.tolist(), starts.tolist(), ends.tolist()
+            columns = [x.tolist() for x in (source, target, key[:, 0], key[:, 1], key[:, 2])]
+            for e in np.flatnonzero(again).tolist():
+                readers = tuple((members[x], inputs[x]) for x in by_[starts_[e]:ends_[e]])
+                refetched.append(Refetched(*(column[e] for column in columns), readers))
+        return (source, target, which, costs, weights), tuple(refetched)
 
     def kept_copy(self, edge: "Refetched", assignment: Sequence[int]) -> tuple[int, bool]:
         """What keeping ``edge``'s copy until the backward pass holds on a part under
@@ -539,39 +570,62 @@ class Cut:
                                            False, False)
         return self._fetched[key]
 
-    def _held(self, slots: tuple, resolved: list) -> dict[tuple[int, int], int]:
-        """Tensor -> id of the layout it is stored in, per choice of its slot."""
-        held = {}
+    @staticmethod
+    def _batches(slots: tuple, resolved: list) -> dict[tuple, tuple]:
+        """The groups' copies by structure (choice set and copy structure): ``(a resolution
+        holding one, its copy index, the slots, the copy indices, the copies)``, in reading
+        order within each."""
+        batches: dict[tuple, tuple] = {}
         for k, obj in enumerate(slots):
             if isinstance(obj, Group):
+                resolution = resolved[k]
                 for c, copy in enumerate(obj.copies):
-                    key = ("held", resolved[k].choices_id, resolved[k].keys[c])
-                    if key not in self._ends:
-                        rows = resolved[k].rows
-                        self._ends[key] = tuple(
-                            tuple(self._intern(tuple(row[c][p][1][i] for row in rows))
-                                  for i in range(len(self.graph.nodes[m].outputs)))
-                            for p, m in enumerate(copy))
-                    for m, outs in zip(copy, self._ends[key]):
-                        held.update(((m, index), h) for index, h in enumerate(outs))
-            else:   # a variable: its layouts are its choices
+                    key = (resolution.choices_id, resolution.keys[c])
+                    batch = batches.get(key)
+                    if batch is None:
+                        batch = batches[key] = (resolution, c, [], [], [])
+                    batch[2].append(k)
+                    batch[3].append(c)
+                    batch[4].append(copy)
+        return batches
+
+    def _held(self, slots: tuple, resolved: list, batches: dict, ports) -> np.ndarray:
+        """Tensor (numbered as in :class:`~tofu_mx.search.structure.Ports`) -> id of the
+        layouts it is stored in, per choice of its slot."""
+        held = np.full(int(ports.tensor_start[-1]), -1, dtype=np.int64)
+        for resolution, c, _, _, copies in batches.values():
+            key = ("held", resolution.choices_id, resolution.keys[c])
+            if key not in self._ends:
+                rows, copy = resolution.rows, resolution.copies[c]
+                found = [(p, i, self._intern(tuple(row[c][p][1][i] for row in rows)))
+                         for p, m in enumerate(copy)
+                         for i in range(len(self.graph.nodes[m].outputs))]
+                self._ends[key] = tuple(np.array([x[t] for x in found], dtype=np.int64)
+                                        for t in range(3))
+            member_at, output, ids = self._ends[key]
+            tensors = ports.tensor_start[np.array(copies, dtype=np.int64)[:, member_at]] + output
+            held[tensors] = ids
+        for k, obj in enumerate(slots):
+            if not isinstance(obj, Group):      # a variable: its layouts are its choices
                 key = ("variable", self.view.var[obj])
                 if key not in self._ends:
                     self._ends[key] = self._intern(tuple(resolved[k]))
-                held[(obj, 0)] = self._ends[key]
+                held[ports.tensor_start[obj]] = self._ends[key]
         return held
 
-    def _reads(self, resolution: "Resolution", c: int, copy: list[int]) -> tuple:
-        """``(member position, input, read id)`` for each input of each member of copy ``c``:
-        the id of what it reads of the input under each choice and the input's work-view
-        shape. Computed once per choice set and copy structure."""
+    def _reads(self, resolution: "Resolution", c: int) -> tuple[np.ndarray, ...]:
+        """``(member position, input, read id)`` arrays over the inputs of the members of
+        copy ``c``, in member and input order: the id of what each reads of the input under
+        each choice, and the input's work-view shape. Computed once per choice set and copy
+        structure."""
         key = ("reads", resolution.choices_id, resolution.keys[c])
         if key not in self._ends:
-            rows, op_in = resolution.rows, self.view.op_in
-            self._ends[key] = tuple(
-                (p, j, self._intern((tuple(row[c][p][0].inputs[j] for row in rows),
-                                     op_in[m][j])))
-                for p, m in enumerate(copy) for j in range(len(op_in[m])))
+            rows, op_in, copy = resolution.rows, self.view.op_in, resolution.copies[c]
+            found = [(p, j, self._intern((tuple(row[c][p][0].inputs[j] for row in rows),
+                                          op_in[m][j])))
+                     for p, m in enumerate(copy) for j in range(len(op_in[m]))]
+            self._ends[key] = tuple(np.array([x[t] for x in found], dtype=np.int64)
+                                    for t in range(3))
         return self._ends[key]
 
     def _intern(self, value: tuple) -> int:
@@ -674,6 +728,23 @@ class CutProblem:
         if isinstance(obj, Group):
             return self.resolved[slot].rows[choice][0][0][1][0]
         return self.resolved[slot][choice]
+
+
+def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True)`` for rows of non-negative integers,
+    through one integer per row where the columns' ranges allow (sorting rows as bytes is
+    slow)."""
+    if not len(rows):
+        return rows, np.zeros(0, dtype=np.int64)
+    ranges = [int(x) + 1 for x in rows.max(axis=0)]
+    if math.prod(ranges) >= 1 << 62:
+        distinct, which = np.unique(rows, axis=0, return_inverse=True)
+        return distinct, which.reshape(-1)
+    combined = np.zeros(len(rows), dtype=np.int64)
+    for column, n in zip(rows.T, ranges):
+        combined = combined * n + column
+    _, first, which = np.unique(combined, return_index=True, return_inverse=True)
+    return rows[first], which.reshape(-1)
 
 
 @functools.lru_cache(maxsize=1 << 18)

@@ -56,3 +56,40 @@ def make_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
         merged[(u, v)] = merged[(u, v)] + m if (u, v) in merged else m
     return Problem(tuple(names), tuple(tuple(c) for c in choices), tuple(unary),
                    tuple((u, v, m) for (u, v), m in sorted(merged.items())))
+
+
+def make_indexed_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
+                         unary: Sequence[np.ndarray], u: np.ndarray, v: np.ndarray,
+                         which: np.ndarray, matrices: Sequence[np.ndarray]) -> Problem:
+    """:func:`make_problem` of the edges ``(u[e], v[e], matrices[which[e]])``, summed in the
+    same order (so the same floating-point values), with the edges as arrays: for problems
+    of hundreds of thousands of edges sharing a few matrices. A node's unary cost is copied
+    only where a self edge adds to it; the matrices are used as given (read-only)."""
+    unary = list(unary)
+    u, v, which = (np.asarray(x, dtype=np.int64) for x in (u, v, which))
+    self_edge = u == v
+    copied = set()
+    for node, m in zip(u[self_edge].tolist(), which[self_edge].tolist()):
+        if node not in copied:
+            unary[node] = np.array(unary[node], dtype=np.float64)
+            copied.add(node)
+        unary[node] += matrices[m].diagonal()
+    u, v, which = u[~self_edge], v[~self_edge], which[~self_edge]
+    low, high, flip = np.minimum(u, v), np.maximum(u, v), u > v
+    order = np.lexsort((np.arange(len(low)), high, low))    # by (u, v), then as given
+    low, high, flip, which = low[order], high[order], flip[order], which[order]
+    first = np.ones(len(low), dtype=bool)
+    first[1:] = (low[1:] != low[:-1]) | (high[1:] != high[:-1])
+    starts = np.flatnonzero(first).tolist()
+    ends = starts[1:] + [len(low)]
+    low_, high_, flip_, which_ = low.tolist(), high.tolist(), flip.tolist(), which.tolist()
+    edges = []
+    for a, b in zip(starts, ends):
+        m = matrices[which_[a]]
+        m = m.T if flip_[a] else m
+        for e in range(a + 1, b):
+            other = matrices[which_[e]]
+            m = m + (other.T if flip_[e] else other)
+        edges.append((low_[a], high_[a], np.asarray(m, dtype=np.float64)))
+    return Problem(tuple(names), tuple(tuple(c) for c in choices),
+                   tuple(np.asarray(c, dtype=np.float64) for c in unary), tuple(edges))

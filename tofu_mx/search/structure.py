@@ -42,6 +42,7 @@ class GraphStructure:
     tie_memo: dict = field(default_factory=dict, compare=False, repr=False)
     gradient_reads: dict = field(default_factory=dict, compare=False, repr=False)
     refetching: dict = field(default_factory=dict, compare=False, repr=False)
+    port_memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def of(graph: Graph, needs_grad: Mapping | None = None) -> "GraphStructure":
@@ -83,10 +84,65 @@ class GraphStructure:
             self.refetching[member] = refetches_inputs(graph, member, self.needs_grad)
         return self.refetching[member]
 
+    def ports(self, graph: Graph, refetch: bool, kept_tensors: frozenset,
+              weighted: bool) -> "Ports":
+        """The graph's operator inputs as arrays (:class:`Ports`), with the flags a cut of
+        these options prices them by (made once per options)."""
+        key = (refetch, kept_tensors, weighted)
+        if key not in self.port_memo:
+            self.port_memo[key] = Ports.of(self, graph, refetch, kept_tensors, weighted)
+        return self.port_memo[key]
+
     def remember_ties(self, key: tuple, families: tuple) -> None:
         if len(self.tie_memo) >= _TIE_MEMO_SIZE:
             self.tie_memo.pop(next(iter(self.tie_memo)))
         self.tie_memo[key] = families
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Every operator input (a *port*: operator ``i``'s input ``j`` is port
+    ``start[i] + j``) and every tensor (output ``k`` of node ``i`` is tensor
+    ``tensor_start[i] + k``), as arrays a cut indexes in bulk."""
+
+    start: np.ndarray          # node -> its first port
+    tensor_start: np.ndarray   # node -> its first tensor
+    member: np.ndarray         # port -> the operator reading
+    input: np.ndarray          # port -> its input position
+    source: np.ndarray         # port -> the node producing what it reads
+    tensor: np.ndarray         # port -> the tensor it reads
+    facts: np.ndarray          # port -> id of the tensor's (itemsize, needs gradient)
+    again: np.ndarray          # port -> its reader re-fetches it for the backward pass
+    kept: np.ndarray           # port -> a converted copy of it lives until the backward
+    #                            pass (with a memory weight, where not fetched again)
+
+    @staticmethod
+    def of(structure: "GraphStructure", graph: Graph, refetch: bool, kept_tensors: frozenset,
+           weighted: bool) -> "Ports":
+        nodes = graph.nodes
+        start = np.zeros(len(nodes) + 1, dtype=np.int64)
+        start[1:] = np.cumsum([len(n.inputs) for n in nodes])
+        tensor_start = np.zeros(len(nodes) + 1, dtype=np.int64)
+        tensor_start[1:] = np.cumsum([len(n.outputs) for n in nodes])
+        member, source, index, facts, again, kept = [], [], [], [], [], []
+        tensor_facts = structure.tensor_facts
+        for i in structure.ops:
+            ins = structure.inputs[i]
+            refetches = refetch and structure.refetches(graph, i)
+            for j, tensor in enumerate(ins):
+                member.append(i)
+                source.append(tensor[0])
+                index.append(tensor[1])
+                facts.append(tensor_facts[tensor])
+                twice = refetches and tensor not in kept_tensors
+                again.append(twice)
+                kept.append(weighted and not twice and structure.keeps_input(graph, i, j))
+        member_ = np.array(member, dtype=np.int64)
+        source_ = np.array(source, dtype=np.int64)
+        return Ports(start, tensor_start, member_, np.arange(len(member)) - start[member_],
+                     source_, tensor_start[source_] + np.array(index, dtype=np.int64),
+                     np.array(facts, dtype=np.int64), np.array(again, dtype=bool),
+                     np.array(kept, dtype=bool))
 
 
 def _shared_params(nodes, inputs: Mapping[int, tuple]) -> tuple[tuple[int, ...], ...]:

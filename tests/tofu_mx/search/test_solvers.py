@@ -5,7 +5,8 @@ import pytest
 from tofu_mx.search.baselines import solve_greedy
 from tofu_mx.search.dp import SearchTooLargeError, solve_dp
 from tofu_mx.search.exact import solve_brute_force, solve_ilp
-from tofu_mx.search.problem import make_problem
+from tofu_mx.search.cut import _distinct_rows
+from tofu_mx.search.problem import make_indexed_problem, make_problem
 
 
 def random_problem(rng, n, max_choices=3, density=2.0, local=None):
@@ -51,6 +52,57 @@ def test_parallel_and_self_edges_are_merged():
                      [(0, 1, np.eye(2)), (1, 0, np.eye(2)), (0, 0, np.array([[5, 0], [0, 1]]))])
     assert len(p.edges) == 1 and list(p.unary[0]) == [5, 1]
     assert solve_dp(p).cost == pytest.approx(1.0)
+
+
+def test_indexed_problem_is_make_problem_to_the_last_bit():
+    """Parallel, reversed and self edges over shared matrices with fractional costs: the
+    same edges in the same order, the same values bit for bit, and the caller's unary
+    costs and matrices left as they were."""
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(1, 5))     # few nodes: many parallel edges, summed in order
+        choices = [tuple(f"c{k}" for k in range(rng.integers(1, 4))) for _ in range(n)]
+        unary = [rng.random(len(c)) / 3 for c in choices]
+        before = [u.copy() for u in unary]
+        matrices, u, v, which = [], [], [], []
+        for _ in range(int(rng.integers(0, 8 * n + 1))):
+            a, b = int(rng.integers(0, n)), int(rng.integers(0, n))
+            reuse = [k for k, m in enumerate(matrices) if m.shape == (len(choices[a]),
+                                                                         len(choices[b]))]
+            if reuse and rng.random() < 0.5:
+                k = int(rng.choice(reuse))
+            else:
+                k = len(matrices)
+                matrices.append(rng.random((len(choices[a]), len(choices[b]))) / 7 *
+                                10.0 ** rng.integers(-4, 5))
+            u.append(a), v.append(b), which.append(k)
+        copies = [m.copy() for m in matrices]
+        names = [f"n{i}" for i in range(n)]
+        expected = make_problem(names, choices, unary, [(a, b, matrices[k])
+                                                        for a, b, k in zip(u, v, which)])
+        found = make_indexed_problem(names, choices, unary, np.array(u, dtype=np.int64),
+                                     np.array(v, dtype=np.int64),
+                                     np.array(which, dtype=np.int64), matrices)
+        assert found.names == expected.names and found.choices == expected.choices
+        assert all(np.array_equal(a, b) for a, b in zip(found.unary, expected.unary)), seed
+        assert [(a, b) for a, b, _ in found.edges] == [(a, b) for a, b, _ in expected.edges]
+        assert all(np.array_equal(x, y) for (_, _, x), (_, _, y) in
+                   zip(found.edges, expected.edges)), seed
+        assert all(np.array_equal(a, b) for a, b in zip(unary, before))
+        assert all(np.array_equal(a, b) for a, b in zip(matrices, copies))
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_distinct_rows_are_numpy_unique_rows(big):
+    rng = np.random.default_rng(3)
+    rows = rng.integers(0, 4, (500, 6))
+    if big:     # columns whose ranges multiply past 2**62 take numpy's own way
+        rows[:, 0] *= 1 << 40
+        rows[:, 1] *= 1 << 30
+    distinct, which = _distinct_rows(rows)
+    expected, inverse = np.unique(rows, axis=0, return_inverse=True)
+    assert np.array_equal(distinct, expected) and np.array_equal(which, inverse.reshape(-1))
+    assert np.array_equal(distinct[which], rows)
 
 
 def test_state_bound_names_the_frontier():
