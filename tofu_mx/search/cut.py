@@ -521,6 +521,8 @@ class Cut:
         edge_port = port[first]
         source, target = where[ports.source[edge_port]], slot[first]
         again = ports.again[edge_port]
+        if len(source) and (source.min() < 0 or held[tensor[first]].min() < 0):
+            raise RuntimeError("a cut's problem reads a tensor no slot holds (a bug)")
         key = np.stack([held[tensor[first]], read[first], ports.facts[edge_port],
                         ports.kept[edge_port], again, source == target], axis=1)
         distinct, which = _distinct_rows(key)
