@@ -481,8 +481,9 @@ class Cut:
         region share one fetched copy, and sum their gradients before reducing it: one
         edge, the first in reading order. Copies of one structure are taken together:
         what they read and hold comes from their structure, computed once."""
-        ports = self.structure.ports(self.graph, self.refetch, self.kept_tensors,
-                                     bool(self.memory_weight))
+        ports = self.structure.ports(self.graph)
+        port_again, port_kept = self.structure.port_flags(
+            self.graph, self.refetch, self.kept_tensors, bool(self.memory_weight))
         batches = self._batches(slots, resolved)
         held = self._held(slots, resolved, batches, ports)
         where = np.full(len(self.graph.nodes), -1, dtype=np.int64)
@@ -495,11 +496,10 @@ class Cut:
             if not len(member_at):
                 continue
             n, width = len(copies), len(member_at)
-            port.append((ports.start[np.array(copies, dtype=np.int64)[:, member_at]]
-                         + inputs).ravel())
+            port.append((ports.start[copies[:, member_at]] + inputs).ravel())
             read.append(np.broadcast_to(reads, (n, width)).ravel())
-            slot.append(np.repeat(np.array(ks, dtype=np.int64), width))
-            copy_at.append(np.repeat(np.array(cs, dtype=np.int64), width))
+            slot.append(np.repeat(ks, width))
+            copy_at.append(np.repeat(cs, width))
             position.append(np.tile(np.arange(width), n))
         if not port:
             return (np.zeros(0, np.int64),) * 3 + ([], []), ()
@@ -520,11 +520,11 @@ class Cut:
         first, starts, ends = first[edge_order], starts[edge_order], ends[edge_order]
         edge_port = port[first]
         source, target = where[ports.source[edge_port]], slot[first]
-        again = ports.again[edge_port]
-        if len(source) and (source.min() < 0 or held[tensor[first]].min() < 0):
+        again, edge_held = port_again[edge_port], held[tensor[first]]
+        if len(source) and (source.min() < 0 or edge_held.min() < 0):
             raise RuntimeError("a cut's problem reads a tensor no slot holds (a bug)")
-        key = np.stack([held[tensor[first]], read[first], ports.facts[edge_port],
-                        ports.kept[edge_port], again, source == target], axis=1)
+        key = np.stack([edge_held, read[first], ports.facts[edge_port],
+                        port_kept[edge_port], again, source == target], axis=1)
         distinct, which = _distinct_rows(key)
         matrices, costs, weights = self._matrices, [], []
         for row in distinct.tolist():
@@ -575,8 +575,8 @@ class Cut:
     @staticmethod
     def _batches(slots: tuple, resolved: list) -> dict[tuple, tuple]:
         """The groups' copies by structure (choice set and copy structure): ``(a resolution
-        holding one, its copy index, the slots, the copy indices, the copies)``, in reading
-        order within each."""
+        holding one, its copy index, the slots, the copy indices, the copies)``, the last
+        three as arrays (the copies' members one row each), in reading order within each."""
         batches: dict[tuple, tuple] = {}
         for k, obj in enumerate(slots):
             if isinstance(obj, Group):
@@ -589,7 +589,8 @@ class Cut:
                     batch[2].append(k)
                     batch[3].append(c)
                     batch[4].append(copy)
-        return batches
+        return {key: (resolution, c) + tuple(np.array(x, dtype=np.int64) for x in lists)
+                for key, (resolution, c, *lists) in batches.items()}
 
     def _held(self, slots: tuple, resolved: list, batches: dict, ports) -> np.ndarray:
         """Tensor (numbered as in :class:`~tofu_mx.search.structure.Ports`) -> id of the
@@ -599,14 +600,12 @@ class Cut:
             key = ("held", resolution.choices_id, resolution.keys[c])
             if key not in self._ends:
                 rows, copy = resolution.rows, resolution.copies[c]
-                found = [(p, i, self._intern(tuple(row[c][p][1][i] for row in rows)))
-                         for p, m in enumerate(copy)
-                         for i in range(len(self.graph.nodes[m].outputs))]
-                self._ends[key] = tuple(np.array([x[t] for x in found], dtype=np.int64)
-                                        for t in range(3))
+                self._ends[key] = _columns(
+                    [(p, i, self._intern(tuple(row[c][p][1][i] for row in rows)))
+                     for p, m in enumerate(copy)
+                     for i in range(len(self.graph.nodes[m].outputs))])
             member_at, output, ids = self._ends[key]
-            tensors = ports.tensor_start[np.array(copies, dtype=np.int64)[:, member_at]] + output
-            held[tensors] = ids
+            held[ports.tensor_start[copies[:, member_at]] + output] = ids
         for k, obj in enumerate(slots):
             if not isinstance(obj, Group):      # a variable: its layouts are its choices
                 key = ("variable", self.view.var[obj])
@@ -623,11 +622,10 @@ class Cut:
         key = ("reads", resolution.choices_id, resolution.keys[c])
         if key not in self._ends:
             rows, op_in, copy = resolution.rows, self.view.op_in, resolution.copies[c]
-            found = [(p, j, self._intern((tuple(row[c][p][0].inputs[j] for row in rows),
-                                          op_in[m][j])))
-                     for p, m in enumerate(copy) for j in range(len(op_in[m]))]
-            self._ends[key] = tuple(np.array([x[t] for x in found], dtype=np.int64)
-                                    for t in range(3))
+            self._ends[key] = _columns(
+                [(p, j, self._intern((tuple(row[c][p][0].inputs[j] for row in rows),
+                                      op_in[m][j])))
+                 for p, m in enumerate(copy) for j in range(len(op_in[m]))])
         return self._ends[key]
 
     def _intern(self, value: tuple) -> int:
@@ -730,6 +728,12 @@ class CutProblem:
         if isinstance(obj, Group):
             return self.resolved[slot].rows[choice][0][0][1][0]
         return self.resolved[slot][choice]
+
+
+def _columns(triples: list[tuple[int, int, int]]) -> tuple[np.ndarray, ...]:
+    """Three integer arrays, the columns of ``triples``."""
+    return tuple(np.array(column, dtype=np.int64).reshape(-1)
+                 for column in (zip(*triples) if triples else ((), (), ())))
 
 
 def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

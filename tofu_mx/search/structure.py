@@ -84,13 +84,28 @@ class GraphStructure:
             self.refetching[member] = refetches_inputs(graph, member, self.needs_grad)
         return self.refetching[member]
 
-    def ports(self, graph: Graph, refetch: bool, kept_tensors: frozenset,
-              weighted: bool) -> "Ports":
-        """The graph's operator inputs as arrays (:class:`Ports`), with the flags a cut of
-        these options prices them by (made once per options)."""
+    def ports(self, graph: Graph) -> "Ports":
+        """The graph's operator inputs and tensors as arrays (:class:`Ports`), made once."""
+        if None not in self.port_memo:
+            self.port_memo[None] = Ports.of(self, graph)
+        return self.port_memo[None]
+
+    def port_flags(self, graph: Graph, refetch: bool, kept_tensors: frozenset,
+                   weighted: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Per port (:meth:`ports`): whether its reader re-fetches it for the backward pass
+        (``refetch``, the tensor not in ``kept_tensors``), and whether a converted copy of
+        it lives until the backward pass (``weighted``: priced with a memory weight; where
+        it is not fetched again). Made once per options."""
         key = (refetch, kept_tensors, weighted)
         if key not in self.port_memo:
-            self.port_memo[key] = Ports.of(self, graph, refetch, kept_tensors, weighted)
+            again, kept = [], []
+            for i in self.ops:
+                refetches = refetch and self.refetches(graph, i)
+                for j, tensor in enumerate(self.inputs[i]):
+                    twice = refetches and tensor not in kept_tensors
+                    again.append(twice)
+                    kept.append(weighted and not twice and self.keeps_input(graph, i, j))
+            self.port_memo[key] = np.array(again, dtype=bool), np.array(kept, dtype=bool)
         return self.port_memo[key]
 
     def remember_ties(self, key: tuple, families: tuple) -> None:
@@ -112,37 +127,22 @@ class Ports:
     source: np.ndarray         # port -> the node producing what it reads
     tensor: np.ndarray         # port -> the tensor it reads
     facts: np.ndarray          # port -> id of the tensor's (itemsize, needs gradient)
-    again: np.ndarray          # port -> its reader re-fetches it for the backward pass
-    kept: np.ndarray           # port -> a converted copy of it lives until the backward
-    #                            pass (with a memory weight, where not fetched again)
 
     @staticmethod
-    def of(structure: "GraphStructure", graph: Graph, refetch: bool, kept_tensors: frozenset,
-           weighted: bool) -> "Ports":
+    def of(structure: "GraphStructure", graph: Graph) -> "Ports":
         nodes = graph.nodes
         start = np.zeros(len(nodes) + 1, dtype=np.int64)
         start[1:] = np.cumsum([len(n.inputs) for n in nodes])
         tensor_start = np.zeros(len(nodes) + 1, dtype=np.int64)
         tensor_start[1:] = np.cumsum([len(n.outputs) for n in nodes])
-        member, source, index, facts, again, kept = [], [], [], [], [], []
         tensor_facts = structure.tensor_facts
-        for i in structure.ops:
-            ins = structure.inputs[i]
-            refetches = refetch and structure.refetches(graph, i)
-            for j, tensor in enumerate(ins):
-                member.append(i)
-                source.append(tensor[0])
-                index.append(tensor[1])
-                facts.append(tensor_facts[tensor])
-                twice = refetches and tensor not in kept_tensors
-                again.append(twice)
-                kept.append(weighted and not twice and structure.keeps_input(graph, i, j))
-        member_ = np.array(member, dtype=np.int64)
-        source_ = np.array(source, dtype=np.int64)
-        return Ports(start, tensor_start, member_, np.arange(len(member)) - start[member_],
-                     source_, tensor_start[source_] + np.array(index, dtype=np.int64),
-                     np.array(facts, dtype=np.int64), np.array(again, dtype=bool),
-                     np.array(kept, dtype=bool))
+        read = [(i, t) for i in structure.ops for t in structure.inputs[i]]
+        member = np.array([i for i, _ in read], dtype=np.int64)
+        source = np.array([t[0] for _, t in read], dtype=np.int64)
+        index = np.array([t[1] for _, t in read], dtype=np.int64)
+        return Ports(start, tensor_start, member, np.arange(len(read)) - start[member],
+                     source, tensor_start[source] + index,
+                     np.array([tensor_facts[t] for _, t in read], dtype=np.int64))
 
 
 def _shared_params(nodes, inputs: Mapping[int, tuple]) -> tuple[tuple[int, ...], ...]:
