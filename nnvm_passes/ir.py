@@ -151,10 +151,12 @@ class Node:
     outputs: tuple[TensorInfo, ...]
     kind: str | None = None
     extra: FrozenDict = dataclasses.field(default_factory=FrozenDict)
+    #: whether the node is a variable (``op == "null"``): kept as a field, since the passes
+    #: ask it of every node many times over
+    is_variable: bool = dataclasses.field(init=False, repr=False, compare=False)
 
-    @property
-    def is_variable(self) -> bool:
-        return self.op == "null"
+    def __post_init__(self):
+        object.__setattr__(self, "is_variable", self.op == "null")
 
     @property
     def params(self) -> dict[str, Any]:
@@ -167,9 +169,18 @@ class Node:
 
     def replace(self, **changes: Any) -> "Node":
         """A copy with ``changes``; ``self`` when they change nothing."""
+        if not changes.keys() <= _NODE_FIELDS:
+            raise TypeError(f"Node has no fields {sorted(changes.keys() - _NODE_FIELDS)} to "
+                            f"replace (it has {sorted(_NODE_FIELDS)})")
         if all(getattr(self, k) == v for k, v in changes.items()):
             return self
-        return dataclasses.replace(self, **changes)
+        get = changes.get     # not dataclasses.replace: it is slow, and the passes call this
+        return Node(get("name", self.name), get("op", self.op), get("attrs", self.attrs),
+                    get("inputs", self.inputs), get("outputs", self.outputs),
+                    get("kind", self.kind), get("extra", self.extra))
+
+
+_NODE_FIELDS = frozenset(f.name for f in dataclasses.fields(Node) if f.init)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,22 @@ def test_node_replace_returns_self_when_nothing_changes():
     assert node.outputs[0].nbytes == 32
 
 
+def test_node_replace_sets_every_field_and_is_variable_follows_op():
+    node = Node("fc", "FullyConnected", FrozenDict({"num_hidden": "4"}), (Entry(0),),
+                (TensorInfo((2, 4), "float32"),), extra=FrozenDict({"subgraphs": "[]"}))
+    changes = dict(name="v", op="null", attrs=FrozenDict(), inputs=(), kind="param",
+                   outputs=(TensorInfo((3,), "float16"),), extra=FrozenDict())
+    got = node.replace(**changes)
+    assert got == Node(**changes) and got.is_variable and not node.is_variable
+    assert [getattr(got, k) for k in changes] == list(changes.values())
+    assert node.replace(inputs=(Entry(1, 2, 3),)).inputs == (Entry(1, 2, 3),)
+    assert node.replace(inputs=(Entry(1),)).extra == node.extra   # the rest kept
+    with pytest.raises(TypeError, match="no fields .'shape'"):
+        node.replace(shape=(2,))
+    with pytest.raises(TypeError):
+        node.replace(is_variable=True)     # derived from op, not set
+
+
 def test_graph_lookups():
     var = Node("x", "null", FrozenDict(), (), (TensorInfo((2, 3), "float16"),), kind="data")
     op = Node("r", "relu", FrozenDict(), (Entry(0),), (TensorInfo((2, 3), "float16"),))

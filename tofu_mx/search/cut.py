@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -162,7 +162,7 @@ class Cut:
     rows and producer costs), ``_interned`` (each distinct tuple of layouts or regions, by
     id), ``_ends`` (a copy structure -> the ids of what its members hold and read),
     ``_matrices`` (an edge's ends -> its cost matrices), ``_kept`` and ``_fetched`` (an
-    edge's ends and choices -> :meth:`kept_copy`, :meth:`second_fetch`)."""
+    edge's ends and choices -> :meth:`kept_copies`, :meth:`second_fetches`)."""
 
     def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True,
                  needs_grad: dict | None = None, memory_weight: float = 0.0,
@@ -472,12 +472,12 @@ class Cut:
         return CutProblem(weighted, bytes_problem, slots, slot_of, tuple(resolved), refetched)
 
     def _edges(self, slots: tuple, slot_of: dict[int, int], resolved: list
-               ) -> tuple[tuple, tuple[Refetched, ...]]:
+               ) -> tuple[tuple, "RefetchedEdges"]:
         """The problem's edges, one for each input of each member, as arrays ``(source slot,
         slot, matrix index)`` in reading order (slot, copy, member, input), with the bytes
         moved and the weighted cost of each distinct matrix, indexed by the source's and
         this slot's choices; and the edges priced with a second fetch for the backward pass
-        (:class:`Refetched`). Tied copies (RNN steps) reading the same tensor in the same
+        (:class:`RefetchedEdges`). Tied copies (RNN steps) reading the same tensor in the same
         region share one fetched copy, and sum their gradients before reducing it: one
         edge, the first in reading order. Copies of one structure are taken together:
         what they read and hold comes from their structure, computed once."""
@@ -502,7 +502,7 @@ class Cut:
             copy_at.append(np.repeat(cs, width))
             position.append(np.tile(np.arange(width), n))
         if not port:
-            return (np.zeros(0, np.int64),) * 3 + ([], []), ()
+            return (np.zeros(0, np.int64),) * 3 + ([], []), RefetchedEdges.none()
         slot, copy_at, position, port, read = map(np.concatenate,
                                                   (slot, copy_at, position, port, read))
         order = np.lexsort((position, copy_at, slot))       # reading order
@@ -534,43 +534,67 @@ class Cut:
                 found = matrices[found_key] = self._edge_matrices(*found_key)
             costs.append(found[0])
             weights.append(found[1])
-        refetched = []
-        if again.any():
-            members, inputs = ports.member[port].tolist(), ports.input[port].tolist()
-            by_, starts_, ends_ = by.tolist(), starts.tolist(), ends.tolist()
-            columns = [x.tolist() for x in (source, target, key[:, 0], key[:, 1], key[:, 2])]
-            for e in np.flatnonzero(again).tolist():
-                readers = tuple((members[x], inputs[x]) for x in by_[starts_[e]:ends_[e]])
-                refetched.append(Refetched(*(column[e] for column in columns), readers))
-        return (source, target, which, costs, weights), tuple(refetched)
+        chosen = np.flatnonzero(again)
+        counts = ends[chosen] - starts[chosen]
+        reader_start = np.zeros(len(chosen) + 1, dtype=np.int64)
+        np.cumsum(counts, out=reader_start[1:])
+        # each chosen edge's group of readers (positions in ``by``), in reading order
+        at = by[np.repeat(starts[chosen] - reader_start[:-1], counts) +
+                np.arange(reader_start[-1])]
+        refetched = RefetchedEdges(source[chosen], target[chosen], key[chosen, 0],
+                                   key[chosen, 1], key[chosen, 2], reader_start,
+                                   port[at])
+        return (source, target, which, costs, weights), refetched
 
-    def kept_copy(self, edge: "Refetched", assignment: Sequence[int]) -> tuple[int, bool]:
-        """What keeping ``edge``'s copy until the backward pass holds on a part under
+    def kept_copies(self, edges: "RefetchedEdges", assignment: Sequence[int]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per edge, what keeping its copy until the backward pass holds on a part under
         ``assignment``, at most: the largest region a part reads and the pieces it received
         to join it (a joining operator's gradient may read them); and whether any part reads
         other than exactly what it stores (a copy: joined, cut or padded, even with nothing
-        moved)."""
-        key = (edge.held, edge.read, edge.facts, assignment[edge.source], assignment[edge.slot])
-        if key not in self._kept:
-            layouts, (regions, shape) = self._interned[edge.held], self._interned[edge.read]
-            itemsize, _ = self.structure.facts_of_tensors[edge.facts]
-            need, layout = regions[key[4]], layouts[key[3]]
-            held = stored_regions(layout, shape, len(need))
-            largest = max((2 * volume(n) - volume(intersect(n, h)) for h, n in zip(held, need)),
-                          default=0) * itemsize
-            self._kept[key] = largest, _buffer(layout, shape, need, itemsize) > 0
-        return self._kept[key]
+        moved). Computed once per distinct edge and choices."""
+        def one(held, read, facts, source_choice, choice):
+            layouts, (regions, shape) = self._interned[held], self._interned[read]
+            itemsize, _ = self.structure.facts_of_tensors[facts]
+            need, layout = regions[choice], layouts[source_choice]
+            stored = stored_regions(layout, shape, len(need))
+            largest = max((2 * volume(n) - volume(intersect(n, h))
+                           for h, n in zip(stored, need)), default=0) * itemsize
+            return largest, _buffer(layout, shape, need, itemsize) > 0
+        found = self._per_edge(edges, assignment, self._kept, one)
+        return (np.array([x[0] for x in found], dtype=np.float64),
+                np.array([x[1] for x in found], dtype=bool))
 
-    def second_fetch(self, edge: "Refetched", assignment: Sequence[int]) -> int:
-        """Bytes the backward pass fetches again over ``edge`` under ``assignment`` (what
-        keeping the converted copy instead saves): its forward fetch."""
-        key = (edge.held, edge.read, edge.facts, assignment[edge.source], assignment[edge.slot])
-        if key not in self._fetched:
-            layouts, (regions, shape) = self._interned[edge.held], self._interned[edge.read]
-            itemsize, _ = self.structure.facts_of_tensors[edge.facts]
-            self._fetched[key] = _consumer(layouts[key[3]], shape, regions[key[4]], itemsize,
-                                           False, False)
-        return self._fetched[key]
+    def second_fetches(self, edges: "RefetchedEdges", assignment: Sequence[int]) -> np.ndarray:
+        """Per edge, the bytes the backward pass fetches again over it under ``assignment``
+        (what keeping the converted copy instead saves): its forward fetch. Computed once
+        per distinct edge and choices."""
+        def one(held, read, facts, source_choice, choice):
+            layouts, (regions, shape) = self._interned[held], self._interned[read]
+            itemsize, _ = self.structure.facts_of_tensors[facts]
+            return _consumer(layouts[source_choice], shape, regions[choice], itemsize,
+                             False, False)
+        return np.array(self._per_edge(edges, assignment, self._fetched, one),
+                        dtype=np.float64).reshape(-1)
+
+    @staticmethod
+    def _per_edge(edges: "RefetchedEdges", assignment: Sequence[int], memo: dict,
+                  compute) -> list:
+        """``compute(held, read, facts, source choice, choice)`` of every edge, as a list,
+        once per distinct row (remembered in ``memo``)."""
+        if not len(edges):
+            return []
+        chosen = np.asarray(assignment, dtype=np.int64)
+        rows = np.stack([edges.held, edges.read, edges.facts, chosen[edges.source],
+                         chosen[edges.slot]], axis=1)
+        distinct, which = _distinct_rows(rows)
+        values = []
+        for row in distinct.tolist():
+            key = tuple(row)
+            if key not in memo:
+                memo[key] = compute(*key)
+            values.append(memo[key])
+        return [values[w] for w in which.tolist()]
 
     @staticmethod
     def _batches(slots: tuple, resolved: list) -> dict[tuple, tuple]:
@@ -681,17 +705,30 @@ class Resolution:
         return found
 
 
-class Refetched(NamedTuple):
-    """An edge priced with a second fetch for the backward pass: ``readers`` (operator,
-    input) re-run in the backward pass and read the tensor over it. (A named tuple: a cut
-    makes one per re-fetched edge, hundreds of thousands in a large graph.)"""
+@dataclass(frozen=True)
+class RefetchedEdges:
+    """The edges priced with a second fetch for the backward pass, one row per edge in
+    reading order (arrays: a cut has hundreds of thousands in a large graph). The operator
+    inputs reading edge ``e``'s tensor, re-run in the backward pass, are the ports
+    (:class:`~tofu_mx.search.structure.Ports`) ``reader_port[reader_start[e]:reader_start[e
+    + 1]]``, in reading order."""
 
-    source: int                       # problem node holding the tensor
-    slot: int                         # problem node reading it
-    held: int                         # interned layouts of the tensor, per source choice
-    read: int                         # interned regions read, per reader choice, and shape
-    facts: int                        # the tensor's itemsize and gradient
-    readers: tuple[tuple[int, int], ...]
+    source: np.ndarray                # problem node holding the tensor
+    slot: np.ndarray                  # problem node reading it
+    held: np.ndarray                  # interned layouts of the tensor, per source choice
+    read: np.ndarray                  # interned regions read, per reader choice, and shape
+    facts: np.ndarray                 # the tensor's itemsize and gradient
+    reader_start: np.ndarray          # edge -> its first reader (one more entry: the end)
+    reader_port: np.ndarray           # the readers, edge by edge
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    @staticmethod
+    def none() -> "RefetchedEdges":
+        empty = np.zeros(0, dtype=np.int64)
+        return RefetchedEdges(empty, empty, empty, empty, empty, np.zeros(1, dtype=np.int64),
+                              empty)
 
 
 @dataclass(frozen=True)
@@ -704,7 +741,8 @@ class CutProblem:
     slot_of: Mapping[int, int]        # graph node -> problem node
     resolved: tuple                   # problem node -> a group's Resolution, or a variable's
     #                                   layout per choice
-    refetched: tuple[Refetched, ...] = ()   # edges fetched again for the backward pass
+    refetched: RefetchedEdges = field(default_factory=RefetchedEdges.none)
+    #                                   the edges fetched again for the backward pass
 
     def members(self, assignment: Sequence[int]) -> dict[int, tuple[Strategy, tuple]]:
         """Every operator's strategy and stored output layouts under ``assignment``."""

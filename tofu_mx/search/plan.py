@@ -840,45 +840,76 @@ def _keep_small(graph: Graph, results: list[_LevelResult],
     decide together (one fetch serves them)."""
     if budget <= 0 or not results:
         return (), [0.0] * len(results)
-    parent: dict[tuple[int, int], tuple[int, int]] = {}
+    ports = results[0].cut.structure.ports(graph)
+    n = len(ports.member)
+    # the readers of one fetched copy (at any cut) form a class, its root the reader the
+    # first union put first (the classes' order breaks ties)
+    parent: dict[int, int] = {}
 
-    def root(x: tuple[int, int]) -> tuple[int, int]:
-        while parent.setdefault(x, x) != x:
+    def root(x: int) -> int:
+        while x in parent:
             x = parent[x]
         return x
-    saved: dict[tuple[int, int], list[float]] = {}
-    moved: set[tuple[int, int]] = set()       # readers fetched for over some cut
-    for level, r in enumerate(results):
-        for edge in r.problem.refetched:
-            first = root(edge.readers[0])
-            for reader in edge.readers[1:]:
-                parent[root(reader)] = first
-            b = r.cut.second_fetch(edge, r.solution.assignment)
-            if b:
-                moved.update(edge.readers)
-                saved.setdefault(edge.readers[0], [0.0] * len(results))[level] += b
-    by_class: dict[tuple[int, int], list[float]] = {}
-    for reader, per_level in saved.items():
-        total = by_class.setdefault(root(reader), [0.0] * len(results))
-        by_class[root(reader)] = [t + s for t, s in zip(total, per_level)]
-    size: dict[tuple[int, int], float] = {}
-    last = results[-1]
-    for edge in last.problem.refetched:
-        largest, converted = last.cut.kept_copy(edge, last.solution.assignment)
-        if converted or moved.intersection(edge.readers):
-            # held even where no gradient reads it: a re-running share reads all its inputs
-            c = root(edge.readers[0])
-            size[c] = size.get(c, 0.0) + largest
-    members: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for reader in list(parent):
-        members.setdefault(root(reader), []).append(reader)
+    seen = np.zeros(n, dtype=bool)          # readers of some re-fetched edge
+    moved = np.zeros(n, dtype=bool)         # readers fetched for over some cut
+    firsts, fetched = [], []
+    for r in results:
+        edges = r.problem.refetched
+        starts, readers = edges.reader_start, edges.reader_port
+        seen[readers] = True
+        for e in np.flatnonzero(np.diff(starts) > 1).tolist():
+            group = readers[starts[e]:starts[e + 1]].tolist()
+            first = root(group[0])
+            for reader in group[1:]:
+                top = root(reader)
+                if top != first:
+                    parent[top] = first
+        b = r.cut.second_fetches(edges, r.solution.assignment)
+        nonzero = b != 0
+        moved[readers[np.repeat(nonzero, np.diff(starts))]] = True
+        firsts.append(readers[starts[:-1]])
+        fetched.append(np.where(nonzero, b, 0.0))
+    top = np.arange(n)
+    if parent:
+        top[np.fromiter(parent.keys(), np.int64, len(parent))] = \
+            np.fromiter(parent.values(), np.int64, len(parent))
+        while True:     # pointer jumping to the roots
+            up = top[top]
+            if np.array_equal(up, top):
+                break
+            top = up
+    by_class = np.zeros((len(results), n))      # bytes a class's second fetches move, per cut
+    has_saved = np.zeros(n, dtype=bool)
+    for level, (first, b) in enumerate(zip(firsts, fetched)):
+        np.add.at(by_class[level], top[first], b)
+        has_saved[top[first[b != 0]]] = True
+    last, size = results[-1], np.zeros(n)
+    edges = last.problem.refetched
+    if len(edges):
+        largest, converted = last.cut.kept_copies(edges, last.solution.assignment)
+        moved_readers = np.logical_or.reduceat(moved[edges.reader_port],
+                                               edges.reader_start[:-1])
+        # held even where no gradient reads it: a re-running share reads all its inputs
+        counted = converted | moved_readers
+        np.add.at(size, top[edges.reader_port[edges.reader_start[:-1]][counted]],
+                  largest[counted])
+    classes = np.flatnonzero(has_saved)
+    saved = by_class[:, classes].sum(axis=0)
+    ratio = size[classes] / saved
+    members = np.flatnonzero(seen)
+    members = members[np.argsort(top[members], kind="stable")]
+    bounds = np.searchsorted(top[members], [classes, classes + 1])
     kept, used, total = [], 0.0, [0.0] * len(results)
-    for c in sorted(by_class, key=lambda c: (size.get(c, 0.0) / sum(by_class[c]), c)):
-        if used + size.get(c, 0.0) <= budget:
-            used += size.get(c, 0.0)
-            kept += members[c]
-            total = [t + s for t, s in zip(total, by_class[c])]
-    return tuple(sorted((graph.nodes[m].name, j) for m, j in kept)), total
+    rows, sizes, spans = by_class.T.tolist(), size.tolist(), bounds.T.tolist()
+    for k in np.lexsort((classes, ratio)).tolist():
+        c = int(classes[k])
+        if used + sizes[c] <= budget:
+            used += sizes[c]
+            kept.append(members[spans[k][0]:spans[k][1]])
+            total = [t + s for t, s in zip(total, rows[c])]
+    kept_ports = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+    names = [graph.nodes[m].name for m in ports.member[kept_ports].tolist()]
+    return tuple(sorted(zip(names, ports.input[kept_ports].tolist()))), total
 
 
 def _opaque_ops(graph: Graph) -> tuple[OpaqueOp, ...]:

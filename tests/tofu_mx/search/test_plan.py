@@ -1,8 +1,10 @@
 import dataclasses
 import json
 import math
+import types
 
 import mxnet as mx
+import numpy as np
 import pytest
 
 import tofu_mx
@@ -10,13 +12,15 @@ from nnvm_passes import import_symbol
 from tofu_mx import models
 from tofu_mx.search import Plan, SearchOptions, plan, plan_graph
 from tofu_mx.search.baselines import POLICIES, baseline_plan
-from tofu_mx.search.cut import Cut, View
+from tofu_mx.search.cut import Cut, RefetchedEdges, View
 from tofu_mx.search.dp import solve_dp
 from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.search.exact import solve_ilp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
-from tofu_mx.search.plan import (_Shared, _small_weights, factor_orders, ideal_memory,
-                                 lower_graph, prime_factors)
+from tofu_mx.search.cost import consumer_bytes, converted_bytes, intersect, stored_regions, \
+    volume
+from tofu_mx.search.plan import (_Shared, _keep_small, _small_weights, factor_orders,
+                                 ideal_memory, lower_graph, prime_factors, search_levels)
 from tofu_mx.runtime.assign import assign, device_parts, stored_box
 
 BATCH = 960   # divisible by every device count tested
@@ -82,6 +86,123 @@ def test_small_gathered_weights_are_kept_not_fetched_again(k):
     none = plan(mlp(), k, **shapes, options=SearchOptions(keep_share=1e-9))
     assert none.kept == () and none.total_bytes == 3 * (k - 1) * mlp_param_bytes()
     assert Plan.from_json(p.to_json()) == p
+
+
+def _edges_from_the_cost_model(graph, r):
+    """Per re-fetched edge of level ``r``: its readers (operator, input), the bytes fetched
+    again, the largest region kept and whether it is a converted copy, from the cost model."""
+    ports, e, a = r.cut.structure.ports(graph), r.problem.refetched, r.solution.assignment
+    for k in range(len(e)):
+        readers = tuple((int(ports.member[x]), int(ports.input[x]))
+                        for x in e.reader_port[e.reader_start[k]:e.reader_start[k + 1]])
+        layouts, (regions, shape) = r.cut._interned[e.held[k]], r.cut._interned[e.read[k]]
+        itemsize, _ = r.cut.structure.facts_of_tensors[e.facts[k]]
+        layout, need = layouts[a[e.source[k]]], regions[a[e.slot[k]]]
+        held = stored_regions(layout, shape, len(need))
+        largest = max(2 * volume(n) - volume(intersect(n, h)) for h, n in zip(held, need))
+        yield readers, consumer_bytes(layout, shape, need, itemsize, False, False), \
+            largest * itemsize, converted_bytes(layout, shape, need, itemsize) > 0
+
+
+def _keep_small_one_edge_at_a_time(graph, results, budget, edges=_edges_from_the_cost_model):
+    """:func:`_keep_small` as first written: one edge at a time, readers as (operator,
+    input) pairs in a dictionary union-find."""
+    if budget <= 0:
+        return (), [0.0] * len(results)
+    parent = {}
+
+    def root(x):
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+    saved, moved = {}, set()
+    for level, r in enumerate(results):
+        for readers, b, _, _ in edges(graph, r):
+            first = root(readers[0])
+            for reader in readers[1:]:
+                parent[root(reader)] = first
+            if b:
+                moved.update(readers)
+                saved.setdefault(readers[0], [0.0] * len(results))[level] += b
+    by_class = {}
+    for reader, per_level in saved.items():
+        total = by_class.setdefault(root(reader), [0.0] * len(results))
+        by_class[root(reader)] = [t + s for t, s in zip(total, per_level)]
+    size = {}
+    for readers, _, largest, converted in edges(graph, results[-1]):
+        if converted or moved.intersection(readers):
+            size[root(readers[0])] = size.get(root(readers[0]), 0.0) + largest
+    members = {}
+    for reader in list(parent):
+        members.setdefault(root(reader), []).append(reader)
+    kept, used, total = [], 0.0, [0.0] * len(results)
+    for c in sorted(by_class, key=lambda c: (size.get(c, 0.0) / sum(by_class[c]), c)):
+        if used + size.get(c, 0.0) <= budget:
+            used += size.get(c, 0.0)
+            kept += members[c]
+            total = [t + s for t, s in zip(total, by_class[c])]
+    return tuple(sorted((graph.nodes[m].name, j) for m, j in kept)), total
+
+
+BUDGETS = (0.0, 1.0, 1e3, 3e3, 1e4, 3e4, 1e5, 1e6, 1e7, math.inf)
+
+
+@pytest.mark.parametrize("net, k", [("rnn", 3), ("rnn", 4), ("wresnet", 8)])
+def test_keep_small_keeps_what_one_edge_at_a_time_keeps(net, k):
+    """The copies kept after the search, worked out over arrays of edges, are those the
+    first, edge-by-edge way kept, at budgets from none to all: RNN steps (tied: one fetched
+    copy serves several readers) and a ResNet over three cuts."""
+    if net == "rnn":
+        sym, shapes = models.rnn(2, 64, 5, 50), models.input_shapes("rnn", 12, seq_len=5)
+    else:
+        sym, shapes = models.wresnet(50, 1), dict(models.input_shapes("wresnet", 16),
+                                                   data=(16, 3, 32, 32))
+    graph = lower_graph(import_symbol(sym, **shapes), k)
+    order = factor_orders(k, False)[0]
+    results = search_levels(graph, order, SearchOptions(), structure=_Shared.of(graph).structure)
+    if net == "rnn":
+        assert any(len(r.problem.refetched.reader_port) > len(r.problem.refetched)
+                   for r in results)    # some edge has several readers
+    kept = [_keep_small(graph, results, budget) for budget in BUDGETS]
+    assert len({len(found) for found, _ in kept}) > 2 and any(kept[-1][1])
+    for budget, found in zip(BUDGETS, kept):
+        assert found == _keep_small_one_edge_at_a_time(graph, results, budget)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_keep_small_merges_the_readers_of_one_copy_over_the_cuts(seed):
+    """Readers that share a fetched copy at some cut are kept, or not, together, as one class
+    with the savings of all its edges (at every cut), against the edge-by-edge way: random
+    edges over a few readers, several readers each, at three cuts."""
+    rng = np.random.default_rng(seed)
+    n_ports, levels = 12, 3
+    names = [types.SimpleNamespace(name=f"op{m}") for m in range(n_ports)]
+    graph = types.SimpleNamespace(nodes=names)
+    ports = types.SimpleNamespace(member=np.arange(n_ports), input=np.arange(n_ports) % 3)
+    structure = types.SimpleNamespace(ports=lambda _: ports)
+    results, rows = [], {}
+    for level in range(levels):
+        count = int(rng.integers(2, 7))
+        groups = [rng.choice(n_ports, size=int(rng.integers(1, 4)), replace=False)
+                  for _ in range(count)]
+        b = rng.integers(0, 3, count) * rng.integers(1, 1000, count).astype(float)
+        largest = rng.integers(1, 5000, count).astype(float)
+        converted = rng.random(count) < 0.5
+        starts = np.concatenate([[0], np.cumsum([len(g) for g in groups])])
+        zeros = np.zeros(count, dtype=np.int64)
+        edges = RefetchedEdges(zeros, zeros, zeros, zeros, zeros, starts, np.concatenate(groups))
+        cut = types.SimpleNamespace(
+            structure=structure, second_fetches=lambda e, a, b=b: b,
+            kept_copies=lambda e, a, x=(largest, converted): x)
+        r = types.SimpleNamespace(cut=cut, problem=types.SimpleNamespace(refetched=edges),
+                                  solution=types.SimpleNamespace(assignment=None))
+        rows[id(r)] = [(tuple((int(x), int(x) % 3) for x in g), b[k], largest[k], converted[k])
+                       for k, g in enumerate(groups)]
+        results.append(r)
+    assert any(len(g) > 1 and b for r in results for g, b, _, _ in rows[id(r)])
+    for budget in (0.0, 500.0, 2000.0, 5000.0, 1e4, math.inf):
+        assert _keep_small(graph, results, budget) == _keep_small_one_edge_at_a_time(
+            graph, results, budget, lambda _, r: rows[id(r)])
 
 
 def test_small_weights_are_kept_before_the_search_smallest_first():
