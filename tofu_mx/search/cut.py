@@ -207,17 +207,19 @@ class Cut:
         kinds: dict[tuple, int] = {}
         shapes: dict[tuple, int] = {}
         strategies: list[list[Strategy]] = []
-        self._kind_of, self._shape_id, self.strats = {}, {}, {}
+        self._kind_of, self._shape_id, self.strats = kind_of, shape_id, strats = {}, {}, {}
+        op_in, op_out, shard, short = view.op_in, view.op_out, view.shard, view.short
         for i in self.ops:
             node = nodes[i]
-            kind = kinds.setdefault((node.op, node.attrs, view.op_in[i], view.op_out[i],
-                                     view.short.get(i)), len(kinds))
+            kind = kinds.setdefault((node.op, node.attrs, op_in[i], op_out[i],
+                                     short.get(i) if short else None), len(kinds))
             if kind == len(strategies):
                 strategies.append(op_strategies(self.graph, i, view, self.parts))
-            shards = tuple(view.shard[(i, k)] for k in range(len(node.outputs)))
-            self._kind_of[i] = kind
-            self._shape_id[i] = shapes.setdefault((kind, shards), len(shapes))
-            self.strats[i] = strategies[kind]
+            shards = (shard[(i, 0)],) if len(node.outputs) == 1 else \
+                tuple([shard[(i, k)] for k in range(len(node.outputs))])
+            kind_of[i] = kind
+            shape_id[i] = shapes.setdefault((kind, shards), len(shapes))
+            strats[i] = strategies[kind]
 
     # --- coarsening -------------------------------------------------------------------------
     def _coarsen(self, tie: bool) -> list[Group]:
@@ -408,9 +410,11 @@ class Cut:
         """The group's :class:`Resolution`, the producer cost of each of its choices and,
         with a memory weight, that cost plus the weighted bytes its outputs are stored
         above an even share (computed once per choice set and copy structures; read-only)."""
-        keys = tuple(self._copy_keys[copy[0]] for copy in group.copies)
+        copy_keys = self._copy_keys
+        keys = tuple([copy_keys[copy[0]] for copy in group.copies])
         choices_id = self._shape_id[group.copies[0][0]]
-        if (choices_id, keys) not in self._resolutions:
+        found = self._resolutions.get((choices_id, keys))
+        if found is None:
             rows, unary, excess = [], [], []
             for choice in group.choices:
                 rows.append(tuple(self._row(copy, choice) for copy in group.copies))
@@ -420,8 +424,8 @@ class Cut:
             cost = np.array(unary, dtype=np.float64)
             weighted = cost + self.memory_weight * np.array(excess) if excess else cost
             cost.flags.writeable = weighted.flags.writeable = False
-            self._resolutions[(choices_id, keys)] = (tuple(rows), cost, weighted)
-        rows, cost, weighted = self._resolutions[(choices_id, keys)]
+            found = self._resolutions[(choices_id, keys)] = (tuple(rows), cost, weighted)
+        rows, cost, weighted = found
         return Resolution(tuple(map(tuple, group.copies)), rows, keys, choices_id), cost, \
             weighted
 
@@ -436,11 +440,12 @@ class Cut:
         slot_of: dict[int, int] = {}
         names, choices, unary, weighted_unary, resolved = [], [], [], [], []
         variable_choices: dict[tuple, tuple] = {}   # (shape, ...) -> labels, layouts, costs
+        graph_nodes, itemsize, var_shape = self.graph.nodes, self.structure.itemsize, self.view.var
         for k, obj in enumerate(slots):
-            if isinstance(obj, Group):
+            if type(obj) is Group:
                 for copy in obj.copies:
-                    slot_of.update((m, k) for m in copy)
-                names.append(self.graph.nodes[obj.copies[0][0]].name)
+                    slot_of.update(dict.fromkeys(copy, k))
+                names.append(graph_nodes[obj.copies[0][0]].name)
                 choices.append(obj.labels)
                 resolution, cost, weighted_cost = self._resolution(obj)
                 resolved.append(resolution)
@@ -448,21 +453,21 @@ class Cut:
                 weighted_unary.append(weighted_cost)
             else:
                 slot_of[obj] = k
-                names.append(self.graph.nodes[obj].name)
+                node = graph_nodes[obj]
+                names.append(node.name)
                 # a parameter's layout holds its gradient too
-                key = (self.view.var[obj], self.structure.itemsize[(obj, 0)],
-                       2 if self.graph.nodes[obj].kind == "param" else 1)
-                if key not in variable_choices:
-                    found = self.var_layouts[obj]
-                    variable_choices[key] = (
-                        [layout_name(x) for x in found], tuple(found), np.zeros(len(found)),
-                        self.memory_weight * key[2] * np.array(
-                            [_excess(x, key[0], key[1], self.parts) for x in found]))
-                labels, layouts, zeros, excess = variable_choices[key]
-                choices.append(labels)
-                resolved.append(layouts)
-                unary.append(zeros)
-                weighted_unary.append(excess)
+                key = (var_shape[obj], itemsize[(obj, 0)], 2 if node.kind == "param" else 1)
+                found = variable_choices.get(key)
+                if found is None:
+                    layouts = self.var_layouts[obj]
+                    found = variable_choices[key] = (
+                        [layout_name(x) for x in layouts], tuple(layouts),
+                        np.zeros(len(layouts)), self.memory_weight * key[2] * np.array(
+                            [_excess(x, key[0], key[1], self.parts) for x in layouts]))
+                choices.append(found[0])
+                resolved.append(found[1])
+                unary.append(found[2])
+                weighted_unary.append(found[3])
         (source, target, which, costs, weights), refetched = \
             self._edges(slots, slot_of, resolved)
         bytes_problem = make_indexed_problem(names, choices, unary, source, target, which,

@@ -163,12 +163,14 @@ class _Schedule:
     def largest_state(self) -> float:
         """:func:`largest_state` of the problem's own order (computed alike: nodes of one
         choice add log 1 = 0 to the sums)."""
-        size = [math.log(max(k, 1)) for k in self.counts]
+        size = [math.log(k) if k > 1 else 0.0 for k in self.counts]
         current = worst = 0.0
         for v, leaving in enumerate(self.leaving):
             current += size[v]
-            worst = max(worst, current)
-            current -= sum(size[u] for u in leaving)
+            if current > worst:
+                worst = current
+            if leaving:
+                current -= sum([size[u] for u in leaving])
         return worst
 
 
@@ -183,12 +185,15 @@ def _eliminate(problem: Problem, schedule: "_Schedule", max_states: int,
     table = np.zeros(())                  # D over the frontier's axes
     frontier: list[int] = []
     eliminated: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (node, axes left, argmin)
-    for v in range(n):
-        if v in folding.kept:
-            table = _add_node(table, frontier, v, folding.unary[v], folding.neighbours[v],
-                              schedule.counts)
-        for u in schedule.leaving[v]:
-            if u in folding.kept:
+    kept = [False] * n
+    for v in folding.kept:
+        kept[v] = True
+    unary, neighbours, counts = folding.unary, folding.neighbours, schedule.counts
+    for v, leaving in enumerate(schedule.leaving):
+        if kept[v]:
+            table = _add_node(table, frontier, v, unary[v], neighbours[v], counts)
+        for u in leaving:
+            if kept[u]:
                 axis = frontier.index(u)
                 eliminated.append((u, tuple(frontier[:axis] + frontier[axis + 1:]),
                                    table.argmin(axis)))
@@ -206,20 +211,23 @@ def _frontier_bounds(problem: Problem, schedule: _Schedule, max_states: int,
                      progress) -> tuple[int, int]:
     """``(most frontier nodes, most states)`` at once along the order, from the choice
     counts alone; :class:`SearchTooLargeError` where the state would exceed ``max_states``."""
-    counts = schedule.counts
+    counts, leaving = schedule.counts, schedule.leaving
     frontier: dict[int, None] = {}        # in order of joining
     size, widest, most = 1, 0, 1
     for v, k in enumerate(counts):
-        if size * k > max_states:
-            names = [problem.names[u] for u in frontier] + [problem.names[v]]
-            raise SearchTooLargeError(
-                f"the search state at {problem.names[v]!r} would hold {size * k:,} states "
-                f"(frontier {names}), over max_states={max_states:,}")
         if k > 1:
+            if size * k > max_states:
+                names = [problem.names[u] for u in frontier] + [problem.names[v]]
+                raise SearchTooLargeError(
+                    f"the search state at {problem.names[v]!r} would hold {size * k:,} "
+                    f"states (frontier {names}), over max_states={max_states:,}")
             frontier[v] = None
             size *= k
-        widest, most = max(widest, len(frontier)), max(most, size)
-        for u in schedule.leaving[v]:
+            if size > most:
+                most = size
+        if len(frontier) > widest:
+            widest = len(frontier)
+        for u in leaving[v]:
             del frontier[u]
             size //= counts[u]
         if progress is not None:

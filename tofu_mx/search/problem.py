@@ -25,12 +25,13 @@ class Problem:
     edges: tuple[tuple[int, int, np.ndarray], ...]  # (u, v, pair[c_u, c_v]), u < v, no repeats
 
     def __post_init__(self):
-        for v, (labels, cost) in enumerate(zip(self.choices, self.unary)):
-            if len(labels) == 0 or cost.shape != (len(labels),):
-                raise ValueError(f"node {self.names[v]!r}: {len(labels)} choices, unary cost "
+        counts = [len(labels) for labels in self.choices]
+        for v, (count, cost) in enumerate(zip(counts, self.unary)):
+            if count == 0 or cost.shape != (count,):
+                raise ValueError(f"node {self.names[v]!r}: {count} choices, unary cost "
                                  f"of shape {cost.shape}")
         for u, v, m in self.edges:
-            if not u < v or m.shape != (len(self.choices[u]), len(self.choices[v])):
+            if not u < v or m.shape != (counts[u], counts[v]):
                 raise ValueError(f"edge ({u}, {v}) with matrix {m.shape} does not fit")
 
     def cost(self, assignment: Sequence[int]) -> float:
@@ -82,14 +83,17 @@ def make_indexed_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
     first[1:] = (low[1:] != low[:-1]) | (high[1:] != high[:-1])
     starts = np.flatnonzero(first).tolist()
     ends = starts[1:] + [len(low)]
-    low_, high_, flip_, which_ = low.tolist(), high.tolist(), flip.tolist(), which.tolist()
+    low_, high_, which_ = low.tolist(), high.tolist(), which.tolist()
+    # each matrix as float64 once, and its transpose (shared, as the matrices are)
+    oriented = ([np.asarray(m, dtype=np.float64) for m in matrices],)
+    oriented += ([m.T for m in oriented[0]],)
+    side = flip.astype(np.int64).tolist()
     edges = []
     for a, b in zip(starts, ends):
-        m = matrices[which_[a]]
-        m = m.T if flip_[a] else m
+        m = oriented[side[a]][which_[a]]
         for e in range(a + 1, b):
-            other = matrices[which_[e]]
-            m = m + (other.T if flip_[e] else other)
-        edges.append((low_[a], high_[a], np.asarray(m, dtype=np.float64)))
+            m = m + oriented[side[e]][which_[e]]
+        edges.append((low_[a], high_[a], m))
     return Problem(tuple(names), tuple(tuple(c) for c in choices),
-                   tuple(np.asarray(c, dtype=np.float64) for c in unary), tuple(edges))
+                   tuple(c if type(c) is np.ndarray and c.dtype == np.float64
+                         else np.asarray(c, dtype=np.float64) for c in unary), tuple(edges))
