@@ -11,7 +11,9 @@ adds operator nodes, ``params`` are the node's parsed attributes, ``shapes`` its
 shapes and ``inputs`` are :class:`Ref` values standing for the node's inputs. It returns one :class:`Ref` per output of
 the node, or None to keep the node as it is. Every variable the node read must still be read
 (the graph's inputs do not change), and emitted nodes carry the node's hidden attributes
-(placement). The pass knows no operator by name.
+(placement). What a hook emits depends on the operator, its parameters and its inputs'
+shapes alone: it is called once for each such kind of node, and its nodes are emitted again
+for the others (a network's BatchNorms share a handful). The pass knows no operator by name.
 
 The lowered graph is built directly: MXNet infers the shapes and dtypes of each distinct
 emitted subgraph once, and the nodes are put in the order, and with the operator names,
@@ -85,24 +87,22 @@ def lower(graph: Graph, lowering_of: Callable[[Any], Hook | None]) -> Graph:
     spans: list[tuple[int, int]] = []  # where each lowered node's emitted nodes lie
     where: dict[tuple[int, int], Ref] = {}       # (old node, output) -> new entry
     names = {n.name for n in graph.nodes}
+    templates: dict[tuple, _Template | None] = {}
     for i, node in enumerate(graph.nodes):
         inputs = [where[(e.node, e.index)] for e in node.inputs]
         hook = hooks.get(i)
         outs = None
         if hook is not None:
-            hidden = {k: v for k, v in node.attrs.items() if is_hidden_attr(k)}
-            first = len(nodes)
-            try:
-                shapes = tuple(graph.tensor(e).shape for e in node.inputs)
-                outs = hook(Emitter(nodes, node.name, hidden, names), node.params, shapes,
-                            *inputs)
-            except Exception as e:  # noqa: BLE001  (re-raised with the node named)
-                raise TofuError(f"lowering {node.name!r} ({node.op}) failed: "
-                                f"{type(e).__name__}: {e}") from e
-            if outs is None:
-                del nodes[first:]
-            else:
-                spans.append((first, len(nodes)))
+            shapes = tuple(graph.tensor(e).shape for e in node.inputs)
+            visible = tuple((k, v) for k, v in node.attrs.items() if not is_hidden_attr(k))
+            key = (hook, node.op, visible, shapes, len(inputs))
+            if key not in templates:
+                templates[key] = _record(hook, node, shapes, len(inputs))
+            if templates[key] is not None:
+                hidden = {k: v for k, v in node.attrs.items() if is_hidden_attr(k)}
+                first = len(nodes)
+                outs = templates[key].emit(nodes, node, hidden, names, inputs)
+                spans.append((first, len(nodes), templates[key], inputs))
         if outs is None:
             if direct:
                 nodes.append(node.replace(inputs=tuple(Entry(r.node, r.index) for r in inputs)))
@@ -124,30 +124,85 @@ def lower(graph: Graph, lowering_of: Callable[[Any], Hook | None]) -> Graph:
     return _assemble(graph, _typed(nodes, spans), heads)
 
 
-def _typed(nodes: list, spans: list[tuple[int, int]]) -> list[Node]:
+@dataclass(frozen=True)
+class _Template:
+    """What a hook emitted for one operator, parameters and input shapes, to emit again for
+    every node that has them (hooks are functions of those alone): each emitted node's
+    operator, name after the lowered node's, attributes (its hidden ones left out) and
+    reads, and the lowered node's outputs. A read ``(k, j)`` is emitted node ``k``'s output
+    ``j``, or for ``k < 0`` the node's input ``-k - 1`` (its own entry for ``j = -1``, else
+    output ``j`` of the node producing it)."""
+
+    nodes: tuple[tuple[str, str, tuple, tuple[tuple[int, int], ...]], ...]
+    outs: tuple[tuple[int, int], ...]
+    outside: tuple[tuple[int, int], ...]     # the reads of inputs, each once, in read order
+
+    def emit(self, nodes: list, node: Node, hidden: Mapping[str, str], names: set[str],
+             inputs: list[Ref]) -> tuple[Ref, ...]:
+        """Append the template's nodes for ``node`` (reading ``inputs``) to ``nodes``, as
+        JSON nodes carrying ``hidden``; its outputs."""
+        first = len(nodes)
+
+        def entry(k: int, j: int) -> tuple[int, int]:
+            return (first + k, j) if k >= 0 else self.input_entry(inputs, k, j)
+        for op, suffix, attrs, reads in self.nodes:
+            full = f"{node.name}/{suffix}"
+            if full in names:
+                raise TofuError(f"lowering {node.name!r} emits two nodes named {full!r}")
+            names.add(full)
+            node_attrs = dict(attrs)
+            node_attrs.update(hidden)
+            nodes.append({"op": op, "name": full, "attrs": node_attrs,
+                          "inputs": [[*entry(k, j), 0] for k, j in reads]})
+        return tuple(Ref(*entry(k, j)) for k, j in self.outs)
+
+    @staticmethod
+    def input_entry(inputs: list[Ref], k: int, j: int) -> tuple[int, int]:
+        """The entry a read ``(k, j)`` of an input (``k < 0``) stands for."""
+        source = inputs[-k - 1]
+        return (source.node, source.index) if j == -1 else (source.node, j)
+
+
+def _record(hook: Hook, node: Node, shapes: tuple, n_inputs: int) -> _Template | None:
+    """The :class:`_Template` of ``hook`` on ``node`` (None: the hook keeps the node)."""
+    emitted: list[dict] = []
+    start = len(node.name) + 1
+    try:
+        outs = hook(Emitter(emitted, node.name, {}, set()), node.params, shapes,
+                    *(Ref(-1 - k, -1) for k in range(n_inputs)))
+        if outs is None:
+            return None
+        reads = [(src, index) for jn in emitted for src, index, _ in jn["inputs"] if src < 0]
+        return _Template(tuple((jn["op"], jn["name"][start:], tuple(jn["attrs"].items()),
+                                tuple((src, index) for src, index, _ in jn["inputs"]))
+                               for jn in emitted),
+                         tuple((r.node, r.index) for r in outs), tuple(dict.fromkeys(reads)))
+    except Exception as e:  # noqa: BLE001  (re-raised with the node named)
+        raise TofuError(f"lowering {node.name!r} ({node.op}) failed: "
+                        f"{type(e).__name__}: {e}") from e
+
+
+def _typed(nodes: list, spans: list[tuple]) -> list[Node]:
     """``nodes`` with the emitted ones made :class:`Node` objects, their shapes and dtypes
     inferred by MXNet once per distinct emitted subgraph (the same operator on the same
-    shapes emits the same nodes: a network's BatchNorms share a handful)."""
+    shapes emits the same nodes: a network's BatchNorms share a handful). ``spans``: where
+    each lowered node's emitted nodes lie, the :class:`_Template` they come from and the
+    node's inputs."""
     infos: dict[int, tuple[TensorInfo, ...]] = {}
     for k, node in enumerate(nodes):
         if isinstance(node, Node):
             infos[k] = node.outputs
     attrs: dict[tuple, FrozenDict] = {}
-    for first, end in spans:
-        outside: dict[tuple[int, int], int] = {}   # entries read from before the span
-        signature = []
-        for jn in nodes[first:end]:
-            reads = []
-            for src, index, _ in jn["inputs"]:
-                if src < first:
-                    t = infos[src][index]
-                    reads.append(("in", outside.setdefault((src, index), len(outside)),
-                                  t.shape, t.dtype))
-                else:
-                    reads.append((src - first, index))
-            signature.append((jn["op"], tuple((k, v) for k, v in jn["attrs"].items()
-                                              if not is_hidden_attr(k)), tuple(reads)))
-        found = _template_infos(tuple(signature))
+    signatures: dict[tuple, tuple] = {}     # template and what it reads -> its signature
+    for first, end, template, inputs in spans:
+        entries = [template.input_entry(inputs, k, j) for k, j in template.outside]
+        read = tuple(infos[src][index] for src, index in entries)
+        same = {}    # entries read (two inputs may be one entry), numbered in read order
+        numbering = tuple(same.setdefault(e, len(same)) for e in entries)
+        key = (id(template), read, numbering)
+        if key not in signatures:
+            signatures[key] = _signature(nodes, first, end, infos)
+        found = _template_infos(signatures[key])
         for k, (jn, (op, outs)) in enumerate(zip(nodes[first:end], found)):
             key = tuple(jn["attrs"].items())
             if key not in attrs:
@@ -157,6 +212,24 @@ def _typed(nodes: list, spans: list[tuple[int, int]]) -> list[Node]:
                                     inputs=tuple(Entry(src, index) for src, index, _
                                                  in jn["inputs"]), outputs=outs)
     return nodes
+
+
+def _signature(nodes: list, first: int, end: int, infos: Mapping) -> tuple:
+    """What :func:`_template_infos` infers the emitted nodes ``nodes[first:end]`` from."""
+    outside: dict[tuple[int, int], int] = {}   # entries read from before the span
+    signature = []
+    for jn in nodes[first:end]:
+        reads = []
+        for src, index, _ in jn["inputs"]:
+            if src < first:
+                t = infos[src][index]
+                reads.append(("in", outside.setdefault((src, index), len(outside)),
+                              t.shape, t.dtype))
+            else:
+                reads.append((src - first, index))
+        signature.append((jn["op"], tuple((k, v) for k, v in jn["attrs"].items()
+                                          if not is_hidden_attr(k)), tuple(reads)))
+    return tuple(signature)
 
 
 #: MXNet's version as its JSON states it (1.9.1 -> 10901)

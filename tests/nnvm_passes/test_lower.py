@@ -9,6 +9,7 @@ from nnvm_passes.ir import FrozenDict
 from nnvm_passes.lower import lower
 from tofu_mx.search.plan import graph_fingerprint, lower_graph
 from tofu_mx.errors import TofuError
+from tofu_mx.tdl.registry import Attrs, facts
 
 
 def square_as_product(emit, attrs, shapes, x):
@@ -107,3 +108,52 @@ def test_lowering_drops_unread_nodes_and_orders_them_as_mxnet():
     assert direct.nodes == via_json.nodes and direct.heads == via_json.heads
     names = [n.name for n in direct.nodes]
     assert "sq/unread" not in names and names.index("sq/a") < names.index("sq/b")
+
+
+def test_nodes_alike_are_lowered_from_one_hook_call_each_with_its_own_inputs_and_placement():
+    """The hook runs once per operator, parameters and input shapes; the nodes alike get
+    its nodes again, named after each, reading each one's inputs (one entry read as two
+    inputs stays one entry) and placed as each is. The graph is the one MXNet's JSON round
+    trip gives."""
+    x, gamma = mx.sym.var("data"), mx.sym.var("shared_gamma")
+    for i in range(3):
+        x = mx.sym.Convolution(x, num_filter=4, kernel=(3, 3), pad=(1, 1), name=f"conv{i}")
+        with mx.AttrScope(ctx_group=f"dev{i}"):
+            x = mx.sym.BatchNorm(x, gamma, gamma, fix_gamma=False, name=f"bn{i}") if i == 2 \
+                else mx.sym.BatchNorm(x, fix_gamma=False, name=f"bn{i}")
+    g = import_symbol(mx.sym.sum(x, name="loss"), data=(2, 4, 5, 5))
+    bn = next(n for n in g.nodes if n.op == "BatchNorm")
+    real = facts(bn.op, Attrs(bn.attrs)).lowering      # the registry's hook
+    calls = []
+
+    def counted(emit, attrs, shapes, *inputs):
+        calls.append(shapes)
+        return real(emit, attrs, shapes, *inputs)
+    lowering = hooks(BatchNorm=counted)
+    direct = lower(g, lowering)
+    assert len(calls) == 1      # bn2 reads other inputs, but of the same shapes
+    via_json = without_extra(lower(through_json(g), lowering))
+    assert direct.nodes == via_json.nodes and direct.heads == via_json.heads
+    for i in range(3):
+        emitted = [n for n in direct.nodes if n.name.startswith(f"bn{i}/")]
+        assert len(emitted) > 10 and {n.ctx_group for n in emitted} == {f"dev{i}"}
+    stats = direct.node("bn2/stats")
+    read = [direct.nodes[e.node].name for e in stats.inputs]
+    assert read[1:3] == ["shared_gamma", "shared_gamma"] and read[0] == "bn2/pseudo_batch"
+    assert [direct.nodes[e.node].name for e in direct.node("bn1/stats").inputs][1:3] == \
+        ["bn1_gamma", "bn1_beta"]
+
+
+def test_a_hook_may_read_another_output_of_an_input_producer():
+    """An input ``x`` reads its own entry; ``x[j]`` output ``j`` of the node producing it
+    (for every node lowered from the same hook call)."""
+    parts = mx.sym.split(mx.sym.var("x"), num_outputs=2, axis=1, name="parts")
+    out = mx.sym.relu(parts[1], name="r1") + mx.sym.relu(parts[0], name="r0")
+    g = import_symbol(out, x=(2, 4))
+
+    def plus_first(emit, attrs, shapes, x):
+        return (emit("elemwise_add", x, x[0], name="sum"),)
+    lowered = lower(g, hooks(relu=plus_first))
+    for name, own in (("r1/sum", 1), ("r0/sum", 0)):
+        assert [(lowered.nodes[e.node].name, e.index) for e in lowered.node(name).inputs] == \
+            [("parts", own), ("parts", 0)]
