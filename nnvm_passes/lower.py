@@ -142,19 +142,13 @@ class _Template:
         """Append the template's nodes for ``node`` (reading ``inputs``) to ``nodes``, as
         JSON nodes carrying ``hidden``; its outputs."""
         first = len(nodes)
+        emit = Emitter(nodes, node.name, hidden, names)
 
-        def entry(k: int, j: int) -> tuple[int, int]:
-            return (first + k, j) if k >= 0 else self.input_entry(inputs, k, j)
+        def entry(k: int, j: int) -> Ref:
+            return Ref(first + k, j) if k >= 0 else Ref(*self.input_entry(inputs, k, j))
         for op, suffix, attrs, reads in self.nodes:
-            full = f"{node.name}/{suffix}"
-            if full in names:
-                raise TofuError(f"lowering {node.name!r} emits two nodes named {full!r}")
-            names.add(full)
-            node_attrs = dict(attrs)
-            node_attrs.update(hidden)
-            nodes.append({"op": op, "name": full, "attrs": node_attrs,
-                          "inputs": [[*entry(k, j), 0] for k, j in reads]})
-        return tuple(Ref(*entry(k, j)) for k, j in self.outs)
+            emit(op, *(entry(k, j) for k, j in reads), name=suffix, **dict(attrs))
+        return tuple(entry(k, j) for k, j in self.outs)
 
     @staticmethod
     def input_entry(inputs: list[Ref], k: int, j: int) -> tuple[int, int]:

@@ -530,15 +530,10 @@ class Cut:
             raise RuntimeError("a cut's problem reads a tensor no slot holds (a bug)")
         key = np.stack([edge_held, read[first], ports.facts[edge_port],
                         port_kept[edge_port], again, source == target], axis=1)
-        distinct, which = _distinct_rows(key)
-        matrices, costs, weights = self._matrices, [], []
-        for row in distinct.tolist():
-            found_key = (row[0], row[1], row[2], bool(row[3]), bool(row[4]), bool(row[5]))
-            found = matrices.get(found_key)
-            if found is None:
-                found = matrices[found_key] = self._edge_matrices(*found_key)
-            costs.append(found[0])
-            weights.append(found[1])
+        found, which = _once_per_row(
+            key, self._matrices, lambda held, read, facts, kept, again, inside:
+            self._edge_matrices(held, read, facts, bool(kept), bool(again), bool(inside)))
+        costs, weights = [m[0] for m in found], [m[1] for m in found]
         chosen = np.flatnonzero(again)
         counts = ends[chosen] - starts[chosen]
         reader_start = np.zeros(len(chosen) + 1, dtype=np.int64)
@@ -558,10 +553,7 @@ class Cut:
         to join it (a joining operator's gradient may read them); and whether any part reads
         other than exactly what it stores (a copy: joined, cut or padded, even with nothing
         moved). Computed once per distinct edge and choices."""
-        def one(held, read, facts, source_choice, choice):
-            layouts, (regions, shape) = self._interned[held], self._interned[read]
-            itemsize, _ = self.structure.facts_of_tensors[facts]
-            need, layout = regions[choice], layouts[source_choice]
+        def one(layout, shape, need, itemsize):
             stored = stored_regions(layout, shape, len(need))
             largest = max((2 * volume(n) - volume(intersect(n, h))
                            for h, n in zip(stored, need)), default=0) * itemsize
@@ -574,31 +566,27 @@ class Cut:
         """Per edge, the bytes the backward pass fetches again over it under ``assignment``
         (what keeping the converted copy instead saves): its forward fetch. Computed once
         per distinct edge and choices."""
-        def one(held, read, facts, source_choice, choice):
-            layouts, (regions, shape) = self._interned[held], self._interned[read]
-            itemsize, _ = self.structure.facts_of_tensors[facts]
-            return _consumer(layouts[source_choice], shape, regions[choice], itemsize,
-                             False, False)
+        def one(layout, shape, need, itemsize):
+            return _consumer(layout, shape, need, itemsize, False, False)
         return np.array(self._per_edge(edges, assignment, self._fetched, one),
                         dtype=np.float64).reshape(-1)
 
-    @staticmethod
-    def _per_edge(edges: "RefetchedEdges", assignment: Sequence[int], memo: dict,
+    def _per_edge(self, edges: "RefetchedEdges", assignment: Sequence[int], memo: dict,
                   compute) -> list:
-        """``compute(held, read, facts, source choice, choice)`` of every edge, as a list,
-        once per distinct row (remembered in ``memo``)."""
+        """``compute(layout held in, shape, regions read, itemsize)`` of every edge under
+        ``assignment``, as a list, once per distinct edge and choices (remembered in
+        ``memo``)."""
         if not len(edges):
             return []
+
+        def one(held, read, facts, source_choice, choice):
+            layouts, (regions, shape) = self._interned[held], self._interned[read]
+            itemsize, _ = self.structure.facts_of_tensors[facts]
+            return compute(layouts[source_choice], shape, regions[choice], itemsize)
         chosen = np.asarray(assignment, dtype=np.int64)
-        rows = np.stack([edges.held, edges.read, edges.facts, chosen[edges.source],
-                         chosen[edges.slot]], axis=1)
-        distinct, which = _distinct_rows(rows)
-        values = []
-        for row in distinct.tolist():
-            key = tuple(row)
-            if key not in memo:
-                memo[key] = compute(*key)
-            values.append(memo[key])
+        values, which = _once_per_row(
+            np.stack([edges.held, edges.read, edges.facts, chosen[edges.source],
+                      chosen[edges.slot]], axis=1), memo, one)
         return [values[w] for w in which.tolist()]
 
     @staticmethod
@@ -777,6 +765,19 @@ def _columns(triples: list[tuple[int, int, int]]) -> tuple[np.ndarray, ...]:
     """Three integer arrays, the columns of ``triples``."""
     return tuple(np.array(column, dtype=np.int64).reshape(-1)
                  for column in (zip(*triples) if triples else ((), (), ())))
+
+
+def _once_per_row(rows: np.ndarray, memo: dict, compute) -> tuple[list, np.ndarray]:
+    """``compute(*row)`` of each distinct row of ``rows`` (integers), remembered in ``memo``
+    by the row as a tuple, and which of them each row is (:func:`_distinct_rows`)."""
+    distinct, which = _distinct_rows(rows)
+    values = []
+    for row in map(tuple, distinct.tolist()):
+        found = memo.get(row)
+        if found is None:
+            found = memo[row] = compute(*row)
+        values.append(found)
+    return values, which
 
 
 def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

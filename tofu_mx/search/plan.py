@@ -865,10 +865,9 @@ def _keep_small(graph: Graph, results: list[_LevelResult],
                 if top != first:
                     parent[top] = first
         b = r.cut.second_fetches(edges, r.solution.assignment)
-        nonzero = b != 0
-        moved[readers[np.repeat(nonzero, np.diff(starts))]] = True
+        moved[readers[np.repeat(b != 0, np.diff(starts))]] = True
         firsts.append(readers[starts[:-1]])
-        fetched.append(np.where(nonzero, b, 0.0))
+        fetched.append(b)
     top = np.arange(n)
     if parent:
         top[np.fromiter(parent.keys(), np.int64, len(parent))] = \

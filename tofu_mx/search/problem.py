@@ -95,5 +95,4 @@ def make_indexed_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
             m = m + oriented[side[e]][which_[e]]
         edges.append((low_[a], high_[a], m))
     return Problem(tuple(names), tuple(tuple(c) for c in choices),
-                   tuple(c if type(c) is np.ndarray and c.dtype == np.float64
-                         else np.asarray(c, dtype=np.float64) for c in unary), tuple(edges))
+                   tuple(np.asarray(c, dtype=np.float64) for c in unary), tuple(edges))
