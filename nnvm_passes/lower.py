@@ -81,47 +81,149 @@ def lower(graph: Graph, lowering_of: Callable[[Any], Hook | None]) -> Graph:
     hooks = {i: lowering_of(node) for i, node in enumerate(graph.nodes) if not node.is_variable}
     if not any(hooks.values()):
         return graph            # nothing to lower
-    direct = not any(node.extra for node in graph.nodes)   # else control deps, subgraphs
-    js = None if direct else graph_to_json(graph)
-    nodes: list[Node | dict] = []     # kept nodes (inputs renumbered), emitted ones as JSON
-    spans: list[tuple[int, int]] = []  # where each lowered node's emitted nodes lie
-    where: dict[tuple[int, int], Ref] = {}       # (old node, output) -> new entry
+    templates = _Templates(graph, hooks)
+    if any(node.extra for node in graph.nodes):   # control deps, subgraphs: through JSON
+        return _lower_through_json(graph, templates)
+    return _lower_direct(graph, templates)
+
+
+class _Templates:
+    """The :class:`_Template` of each lowered node, recorded once per hook, operator,
+    parameters and input shapes (None: its hook keeps it)."""
+
+    def __init__(self, graph: Graph, hooks: Mapping[int, Hook | None]):
+        self._graph, self._hooks = graph, hooks
+        self._found: dict[tuple, _Template | None] = {}
+
+    def of(self, i: int) -> "_Template | None":
+        hook = self._hooks.get(i)
+        if hook is None:
+            return None
+        node, graph = self._graph.nodes[i], self._graph
+        shapes = tuple(graph.tensor(e).shape for e in node.inputs)
+        visible = tuple((k, v) for k, v in node.attrs.items() if not is_hidden_attr(k))
+        key = (hook, node.op, visible, shapes, len(node.inputs))
+        if key not in self._found:
+            self._found[key] = _record(hook, node, shapes, len(node.inputs))
+        return self._found[key]
+
+
+def _check_outputs(node: Node, outs: tuple) -> None:
+    if len(outs) != len(node.outputs):
+        raise TofuError(f"lowering {node.name!r} ({node.op}) gave {len(outs)} outputs for "
+                        f"its {len(node.outputs)}")
+
+
+def _lower_direct(graph: Graph, templates: "_Templates") -> Graph:
+    """The lowered graph built directly: each new node made once, at its final position,
+    its shapes and dtypes inferred once per template and inputs read."""
+    kept: list[Node | None] = []          # new position -> the node kept (None: emitted)
+    reads: list[tuple] = []               # new position -> its inputs, (position, output)
+    infos: list = []                      # new position -> its outputs' TensorInfo
+    spans: list[tuple] = []   # (first position, template, inputs, the lowered node)
+    where: dict[tuple[int, int], tuple[int, int]] = {}    # (old node, output) -> new entry
     names = {n.name for n in graph.nodes}
-    templates: dict[tuple, _Template | None] = {}
     for i, node in enumerate(graph.nodes):
         inputs = [where[(e.node, e.index)] for e in node.inputs]
-        hook = hooks.get(i)
-        outs = None
-        if hook is not None:
-            shapes = tuple(graph.tensor(e).shape for e in node.inputs)
-            visible = tuple((k, v) for k, v in node.attrs.items() if not is_hidden_attr(k))
-            key = (hook, node.op, visible, shapes, len(inputs))
-            if key not in templates:
-                templates[key] = _record(hook, node, shapes, len(inputs))
-            if templates[key] is not None:
-                hidden = {k: v for k, v in node.attrs.items() if is_hidden_attr(k)}
-                first = len(nodes)
-                outs = templates[key].emit(nodes, node, hidden, names, inputs)
-                spans.append((first, len(nodes), templates[key], inputs))
-        if outs is None:
-            if direct:
-                nodes.append(node.replace(inputs=tuple(Entry(r.node, r.index) for r in inputs)))
-            else:
-                nodes.append(dict(js["nodes"][i], inputs=[[r.node, r.index, 0] for r in inputs]))
-            outs = tuple(Ref(len(nodes) - 1, k) for k in range(len(node.outputs)))
-        elif len(outs) != len(node.outputs):
-            raise TofuError(f"lowering {node.name!r} ({node.op}) gave {len(outs)} outputs for "
-                            f"its {len(node.outputs)}")
+        template = templates.of(i)
+        if template is None:
+            kept.append(node)
+            reads.append(tuple(inputs))
+            infos.append(node.outputs)
+            outs = tuple((len(kept) - 1, k) for k in range(len(node.outputs)))
+        else:
+            first = len(kept)
+            for suffix in template.suffixes:
+                full = f"{node.name}/{suffix}"
+                if full in names:
+                    raise TofuError(f"lowering {node.name!r} emits two nodes named {full!r}")
+                names.add(full)
+            n = len(template.nodes)
+            kept.extend([None] * n)
+            infos.extend([None] * n)
+            reads.extend(template.reads_at(first, inputs))
+            outs = tuple(template.entry(first, inputs, k, j) for k, j in template.outs)
+            _check_outputs(node, outs)
+            spans.append((first, template, inputs, node))
         where.update(((i, k), r) for k, r in enumerate(outs))
-    if not spans:
-        return graph
     heads = [where[(e.node, e.index)] for e in graph.heads]
-    if not direct:
-        return _reimport(graph, {**js, "nodes": nodes,
-                                 "heads": [[r.node, r.index, 0] for r in heads],
-                                 "arg_nodes": [k for k, n in enumerate(nodes)
-                                               if n["op"] == "null"]})
-    return _assemble(graph, _typed(nodes, spans), heads)
+    made = _typed_spans(spans, infos)
+    order = _mxnet_order(reads, heads)
+    position = [-1] * len(kept)
+    for new, old in enumerate(order):
+        position[old] = new
+    _check_inputs(graph, [kept[k].name for k in order
+                          if kept[k] is not None and kept[k].is_variable])
+    nodes = []
+    for k in order:
+        inputs = tuple([Entry(position[src], index) for src, index in reads[k]])
+        node = kept[k]
+        if node is not None:
+            nodes.append(node.replace(inputs=inputs))
+        else:
+            name, op, attrs = made[k]
+            nodes.append(Node(name=name, op=op, attrs=attrs, inputs=inputs, outputs=infos[k]))
+    return graph.replace(nodes=tuple(nodes),
+                         heads=tuple(Entry(position[src], index) for src, index in heads))
+
+
+def _typed_spans(spans: list[tuple], infos: list) -> dict[int, tuple[str, str, FrozenDict]]:
+    """Fill ``infos`` for the emitted nodes, inferred by MXNet once per template and what
+    it reads (the same operator on the same shapes emits the same nodes: a network's
+    BatchNorms share a handful); each emitted node's ``(name, operator, attributes)`` by
+    position (MXNet's operator names: ``concat`` is ``Concat``)."""
+    signatures: dict[tuple, tuple] = {}     # template and what it reads -> its signature
+    attrs_of: dict[tuple, tuple[FrozenDict, ...]] = {}   # (template, hidden) -> each node's
+    shared: dict[tuple, FrozenDict] = {}                 # attributes -> one FrozenDict
+    made = {}
+    for first, template, inputs, node in spans:
+        entries = [template.entry(first, inputs, k, j) for k, j in template.outside]
+        read = tuple([infos[src][index] for src, index in entries])
+        same: dict = {}    # entries read (two inputs may be one entry), numbered in read order
+        numbering = tuple([same.setdefault(e, len(same)) for e in entries])
+        key = (id(template), read, numbering)
+        if key not in signatures:
+            signatures[key] = template.signature(first, inputs, infos)
+        found = _template_infos(signatures[key])
+        hidden = tuple((k, v) for k, v in node.attrs.items() if is_hidden_attr(k))
+        attrs_key = (id(template), hidden)
+        if attrs_key not in attrs_of:
+            frozen = []
+            for _, _, attrs, _ in template.nodes:
+                items = dict(attrs)
+                items.update(hidden)
+                frozen.append(shared.setdefault(tuple(items.items()), FrozenDict(items)))
+            attrs_of[attrs_key] = tuple(frozen)
+        base = node.name
+        for k, ((op, outs), (_, suffix, _, _), attrs) in enumerate(
+                zip(found, template.nodes, attrs_of[attrs_key])):
+            infos[first + k] = outs
+            made[first + k] = (f"{base}/{suffix}", op, attrs)
+    return made
+
+
+def _lower_through_json(graph: Graph, templates: "_Templates") -> Graph:
+    """The lowered graph through MXNet's JSON and a fresh import (for nodes carrying JSON
+    fields the IR does not model)."""
+    js = graph_to_json(graph)
+    nodes: list[dict] = []
+    where: dict[tuple[int, int], tuple[int, int]] = {}    # (old node, output) -> new entry
+    names = {n.name for n in graph.nodes}
+    for i, node in enumerate(graph.nodes):
+        inputs = [where[(e.node, e.index)] for e in node.inputs]
+        template = templates.of(i)
+        if template is None:
+            nodes.append(dict(js["nodes"][i], inputs=[[src, k, 0] for src, k in inputs]))
+            outs = tuple((len(nodes) - 1, k) for k in range(len(node.outputs)))
+        else:
+            hidden = {k: v for k, v in node.attrs.items() if is_hidden_attr(k)}
+            outs = template.emit(nodes, node, hidden, names, inputs)
+            _check_outputs(node, outs)
+        where.update(((i, k), r) for k, r in enumerate(outs))
+    heads = [where[(e.node, e.index)] for e in graph.heads]
+    return _reimport(graph, {**js, "nodes": nodes,
+                             "heads": [[src, k, 0] for src, k in heads],
+                             "arg_nodes": [k for k, n in enumerate(nodes) if n["op"] == "null"]})
 
 
 @dataclass(frozen=True)
@@ -137,24 +239,55 @@ class _Template:
     outs: tuple[tuple[int, int], ...]
     outside: tuple[tuple[int, int], ...]     # the reads of inputs, each once, in read order
 
+    @property
+    def suffixes(self) -> tuple[str, ...]:
+        """The emitted nodes' names after the lowered node's (``name/suffix``)."""
+        return tuple(suffix for _, suffix, _, _ in self.nodes)
+
+    @staticmethod
+    def entry(first: int, inputs: list[tuple[int, int]], k: int, j: int) -> tuple[int, int]:
+        """The entry ``(position, output)`` a read ``(k, j)`` stands for, the template's
+        nodes placed from ``first`` on and the lowered node reading ``inputs``."""
+        if k >= 0:
+            return (first + k, j)
+        source = inputs[-k - 1]
+        return source if j == -1 else (source[0], j)
+
+    def reads_at(self, first: int, inputs: list[tuple[int, int]]) -> list[tuple]:
+        """Each emitted node's inputs as entries (:meth:`entry`)."""
+        entry = self.entry
+        return [tuple([entry(first, inputs, k, j) for k, j in reads])
+                for _, _, _, reads in self.nodes]
+
+    def signature(self, first: int, inputs: list[tuple[int, int]], infos: list) -> tuple:
+        """What :func:`_template_infos` infers the emitted nodes from: per node its operator,
+        attributes (hidden ones left out) and reads, a read of the inputs given as ``("in",
+        number, shape, dtype)`` (entries numbered in read order), the others as ``(node,
+        output)`` in the template; ``infos``: each position's outputs' TensorInfo."""
+        outside: dict[tuple[int, int], int] = {}
+        signature = []
+        for op, _, attrs, reads in self.nodes:
+            found = []
+            for k, j in reads:
+                if k >= 0:
+                    found.append((k, j))
+                    continue
+                e = self.entry(first, inputs, k, j)
+                t = infos[e[0]][e[1]]
+                found.append(("in", outside.setdefault(e, len(outside)), t.shape, t.dtype))
+            signature.append((op, tuple((a, v) for a, v in attrs if not is_hidden_attr(a)),
+                              tuple(found)))
+        return tuple(signature)
+
     def emit(self, nodes: list, node: Node, hidden: Mapping[str, str], names: set[str],
-             inputs: list[Ref]) -> tuple[Ref, ...]:
+             inputs: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
         """Append the template's nodes for ``node`` (reading ``inputs``) to ``nodes``, as
         JSON nodes carrying ``hidden``; its outputs."""
         first = len(nodes)
         emit = Emitter(nodes, node.name, hidden, names)
-
-        def entry(k: int, j: int) -> Ref:
-            return Ref(first + k, j) if k >= 0 else Ref(*self.input_entry(inputs, k, j))
-        for op, suffix, attrs, reads in self.nodes:
-            emit(op, *(entry(k, j) for k, j in reads), name=suffix, **dict(attrs))
-        return tuple(entry(k, j) for k, j in self.outs)
-
-    @staticmethod
-    def input_entry(inputs: list[Ref], k: int, j: int) -> tuple[int, int]:
-        """The entry a read ``(k, j)`` of an input (``k < 0``) stands for."""
-        source = inputs[-k - 1]
-        return (source.node, source.index) if j == -1 else (source.node, j)
+        for (op, suffix, attrs, _), reads in zip(self.nodes, self.reads_at(first, inputs)):
+            emit(op, *(Ref(*r) for r in reads), name=suffix, **dict(attrs))
+        return tuple(self.entry(first, inputs, k, j) for k, j in self.outs)
 
 
 def _record(hook: Hook, node: Node, shapes: tuple, n_inputs: int) -> _Template | None:
@@ -174,56 +307,6 @@ def _record(hook: Hook, node: Node, shapes: tuple, n_inputs: int) -> _Template |
     except Exception as e:  # noqa: BLE001  (re-raised with the node named)
         raise TofuError(f"lowering {node.name!r} ({node.op}) failed: "
                         f"{type(e).__name__}: {e}") from e
-
-
-def _typed(nodes: list, spans: list[tuple]) -> list[Node]:
-    """``nodes`` with the emitted ones made :class:`Node` objects, their shapes and dtypes
-    inferred by MXNet once per distinct emitted subgraph (the same operator on the same
-    shapes emits the same nodes: a network's BatchNorms share a handful). ``spans``: where
-    each lowered node's emitted nodes lie, the :class:`_Template` they come from and the
-    node's inputs."""
-    infos: dict[int, tuple[TensorInfo, ...]] = {}
-    for k, node in enumerate(nodes):
-        if isinstance(node, Node):
-            infos[k] = node.outputs
-    attrs: dict[tuple, FrozenDict] = {}
-    signatures: dict[tuple, tuple] = {}     # template and what it reads -> its signature
-    for first, end, template, inputs in spans:
-        entries = [template.input_entry(inputs, k, j) for k, j in template.outside]
-        read = tuple(infos[src][index] for src, index in entries)
-        same = {}    # entries read (two inputs may be one entry), numbered in read order
-        numbering = tuple(same.setdefault(e, len(same)) for e in entries)
-        key = (id(template), read, numbering)
-        if key not in signatures:
-            signatures[key] = _signature(nodes, first, end, infos)
-        found = _template_infos(signatures[key])
-        for k, (jn, (op, outs)) in enumerate(zip(nodes[first:end], found)):
-            key = tuple(jn["attrs"].items())
-            if key not in attrs:
-                attrs[key] = FrozenDict(jn["attrs"])
-            infos[first + k] = outs
-            nodes[first + k] = Node(name=jn["name"], op=op, attrs=attrs[key],
-                                    inputs=tuple(Entry(src, index) for src, index, _
-                                                 in jn["inputs"]), outputs=outs)
-    return nodes
-
-
-def _signature(nodes: list, first: int, end: int, infos: Mapping) -> tuple:
-    """What :func:`_template_infos` infers the emitted nodes ``nodes[first:end]`` from."""
-    outside: dict[tuple[int, int], int] = {}   # entries read from before the span
-    signature = []
-    for jn in nodes[first:end]:
-        reads = []
-        for src, index, _ in jn["inputs"]:
-            if src < first:
-                t = infos[src][index]
-                reads.append(("in", outside.setdefault((src, index), len(outside)),
-                              t.shape, t.dtype))
-            else:
-                reads.append((src - first, index))
-        signature.append((jn["op"], tuple((k, v) for k, v in jn["attrs"].items()
-                                          if not is_hidden_attr(k)), tuple(reads)))
-    return tuple(signature)
 
 
 #: MXNet's version as its JSON states it (1.9.1 -> 10901)
@@ -272,36 +355,25 @@ def _template_infos(signature: tuple) -> tuple[tuple[str, tuple[TensorInfo, ...]
                  for k in range(len(signature)))
 
 
-def _assemble(graph: Graph, nodes: list[Node], heads: list[Ref]) -> Graph:
-    """The graph of ``nodes`` and ``heads``, its nodes in MXNet's order and unread ones
-    dropped, as ``mx.sym.load_json`` would leave them; its inputs must be ``graph``'s."""
-    order = _mxnet_order(nodes, heads)
-    position = {old: new for new, old in enumerate(order)}
-    _check_inputs(graph, [nodes[k].name for k in order if nodes[k].is_variable])
-    return graph.replace(
-        nodes=tuple(nodes[k].replace(inputs=tuple(Entry(position[e.node], e.index)
-                                                  for e in nodes[k].inputs)) for k in order),
-        heads=tuple(Entry(position[r.node], r.index) for r in heads))
-
-
-def _mxnet_order(nodes: list[Node], heads: list[Ref]) -> list[int]:
+def _mxnet_order(reads: list[tuple], heads: list[tuple[int, int]]) -> list[int]:
     """The nodes reachable from ``heads`` in nnvm's post-order depth-first order (from each
-    head in turn, inputs in order), the order a symbol's JSON lists them in."""
+    head in turn, inputs in order), the order a symbol's JSON lists them in; ``reads``:
+    each node's inputs as ``(node, output)``."""
     order, visited = [], set()
-    for head in heads:
-        if head.node in visited:
+    for head, _ in heads:
+        if head in visited:
             continue
-        visited.add(head.node)
-        stack = [(head.node, 0)]
+        visited.add(head)
+        stack = [(head, 0)]
         while stack:
             k, next_input = stack[-1]
-            inputs = nodes[k].inputs
+            inputs = reads[k]
             if next_input == len(inputs):
                 order.append(k)
                 stack.pop()
                 continue
             stack[-1] = (k, next_input + 1)
-            src = inputs[next_input].node
+            src = inputs[next_input][0]
             if src not in visited:
                 visited.add(src)
                 stack.append((src, 0))
