@@ -101,7 +101,13 @@ def format_attr_value(value: Any) -> str:
     return str(value)
 
 
-@dataclass(frozen=True)
+# The classes below are made by the hundred thousand (a node, an entry per input): their
+# __init__ is written out, filling the instance's __dict__, since the one a frozen dataclass
+# generates calls object.__setattr__ once per field and took five times as long. Frozen
+# all the same: setting an attribute afterwards raises FrozenInstanceError.
+
+
+@dataclass(frozen=True, init=False)
 class Entry:
     """One output of one node: ``(node index, output index, version)`` as in MXNet's JSON."""
 
@@ -109,16 +115,27 @@ class Entry:
     index: int = 0
     version: int = 0
 
+    def __init__(self, node: int, index: int = 0, version: int = 0):
+        fields = self.__dict__
+        fields["node"] = node
+        fields["index"] = index
+        fields["version"] = version
+
     def to_json(self) -> list[int]:
         return [self.node, self.index, self.version]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class TensorInfo:
     """Shape and dtype of one output entry."""
 
     shape: tuple[int, ...]
     dtype: str
+
+    def __init__(self, shape: tuple[int, ...], dtype: str):
+        fields = self.__dict__
+        fields["shape"] = shape
+        fields["dtype"] = dtype
 
     @property
     def size(self) -> int:
@@ -134,7 +151,10 @@ def _itemsize(dtype: str) -> int:
     return np.dtype(dtype).itemsize
 
 
-@dataclass(frozen=True)
+_NO_EXTRA = FrozenDict()
+
+
+@dataclass(frozen=True, init=False)
 class Node:
     """One node of the graph: an operator (``op != "null"``) or a variable.
 
@@ -155,8 +175,18 @@ class Node:
     #: ask it of every node many times over
     is_variable: bool = dataclasses.field(init=False, repr=False, compare=False)
 
-    def __post_init__(self):
-        object.__setattr__(self, "is_variable", self.op == "null")
+    def __init__(self, name: str, op: str, attrs: FrozenDict, inputs: tuple[Entry, ...],
+                 outputs: tuple[TensorInfo, ...], kind: str | None = None,
+                 extra: FrozenDict = _NO_EXTRA):
+        fields = self.__dict__
+        fields["name"] = name
+        fields["op"] = op
+        fields["attrs"] = attrs
+        fields["inputs"] = inputs
+        fields["outputs"] = outputs
+        fields["kind"] = kind
+        fields["extra"] = extra
+        fields["is_variable"] = op == "null"
 
     @property
     def params(self) -> dict[str, Any]:

@@ -1,7 +1,12 @@
+import dataclasses
+import pickle
+
 import pytest
 
 from nnvm_passes.ir import (Entry, FrozenDict, Graph, Node, TensorInfo, format_attr_value,
                             parse_attr_value)
+from tofu_mx.search.layouts import StoredLayout
+from tofu_mx.search.plan import OpPlan, TensorPlan
 
 
 @pytest.mark.parametrize("text, value", [
@@ -68,3 +73,38 @@ def test_graph_lookups():
     assert g.replace(heads=(Entry(1),)) is g
     with pytest.raises(KeyError, match="no node named 'y'"):
         g.node("y")
+
+
+@pytest.mark.parametrize("cls, values", [
+    (Entry, (3, 1, 2)),
+    (TensorInfo, ((2, 3), "float16")),
+    (Node, ("fc", "FullyConnected", FrozenDict(num_hidden="4"), (Entry(0),),
+            (TensorInfo((2, 4), "float32"),), None, FrozenDict(control_deps="[]"))),
+    (TensorPlan, ("fc:0", "activation", (2, 4), "float32", (StoredLayout(0),), (1, 4))),
+    (OpPlan, ("fc", "FullyConnected", ())),
+])
+def test_written_out_constructors_behave_as_a_frozen_dataclass_s(cls, values):
+    """The classes made by the hundred thousand write their own __init__ (for speed): every
+    field is set, by position or keyword, defaults apply, and the object stays frozen,
+    comparable, hashable and copyable with dataclasses.replace."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    made = cls(*values)
+    assert [getattr(made, n) for n in names] == list(values)
+    assert cls(**dict(zip(names, values))) == made
+    assert hash(cls(*values)) == hash(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(made, names[0], values[0])
+    other = dataclasses.replace(made, **{names[0]: values[0] * 2})
+    assert getattr(other, names[0]) == values[0] * 2 and other != made
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(cls) if f.init and (
+                    f.default is not dataclasses.MISSING or
+                    f.default_factory is not dataclasses.MISSING)}
+    required = [v for n, v in zip(names, values) if n not in defaults]
+    assert {n: getattr(cls(*required), n) for n in defaults} == defaults
+
+
+def test_a_node_made_by_replace_or_pickle_knows_whether_it_is_a_variable():
+    node = Node("x", "null", FrozenDict(), (), (TensorInfo((2,), "float32"),), "data")
+    assert node.is_variable and not node.replace(op="relu", kind=None).is_variable
+    assert pickle.loads(pickle.dumps(node)) == node and pickle.loads(pickle.dumps(node)).is_variable

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from nnvm_passes.backward import kept_for_backward
-from nnvm_passes.ir import Entry, FrozenDict, Graph
+from nnvm_passes.ir import Entry, FrozenDict, Graph, TensorInfo
 from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
@@ -122,7 +122,7 @@ class Level:
         return self.groups * self.bytes_per_group
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class TensorPlan:
     name: str
     kind: str                   # data | label | param | aux | activation
@@ -132,16 +132,34 @@ class TensorPlan:
     shard: tuple[int, ...]              # the largest piece one device stores (pieces of
     #                                     an axis a cut does not divide differ by one)
 
+    def __init__(self, name: str, kind: str, shape: tuple[int, ...], dtype: str,
+                 layouts: tuple[StoredLayout, ...], shard: tuple[int, ...]):
+        # written out (a plan has one per tensor): see nnvm_passes.ir.Entry
+        fields = self.__dict__
+        fields["name"] = name
+        fields["kind"] = kind
+        fields["shape"] = shape
+        fields["dtype"] = dtype
+        fields["layouts"] = layouts
+        fields["shard"] = shard
+
     @property
     def shard_bytes(self) -> int:
         return int(np.prod(self.shard, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class OpPlan:
     name: str
     op: str
     strategies: tuple[OpStrategy, ...]  # chosen at each level
+
+    def __init__(self, name: str, op: str, strategies: tuple[OpStrategy, ...]):
+        # written out (a plan has one per operator): see nnvm_passes.ir.Entry
+        fields = self.__dict__
+        fields["name"] = name
+        fields["op"] = op
+        fields["strategies"] = strategies
 
 
 @dataclass(frozen=True)
@@ -327,6 +345,7 @@ def graph_fingerprint(graph: Graph) -> str:
     written as ``json.dumps`` writes it."""
     attrs_json: dict[int, tuple] = {}       # id -> (the object, kept alive; its JSON)
     info_json: dict[int, tuple] = {}
+    words: dict[Any, str] = {}              # an operator or kind -> its JSON (a few repeat)
     parts = []
     for n in graph.nodes:
         attrs = attrs_json.get(id(n.attrs))
@@ -338,9 +357,16 @@ def graph_fingerprint(graph: Graph) -> str:
             if info is None:
                 info = info_json[id(t)] = (t, json.dumps([list(t.shape), t.dtype]))
             outs.append(info[1])
-        ins = ", ".join([_entry_json(e) for e in n.inputs])
-        parts.append(f"[{_json_str(n.name)}, {_json_str(n.op)}, {attrs[1]}, [{ins}], "
-                     f"[{', '.join(outs)}], {_json_str(n.kind)}]")
+        ins = ", ".join([f"[{e.node}, {e.index}, {e.version}]" if type(e.node) is int and
+                         type(e.index) is int and type(e.version) is int else
+                         json.dumps(e.to_json()) for e in n.inputs])
+        op, kind = words.get(n.op), words.get(n.kind)
+        if op is None:
+            op = words[n.op] = _json_str(n.op)
+        if kind is None:
+            kind = words[n.kind] = _json_str(n.kind)
+        parts.append(f"[{_json_str(n.name)}, {op}, {attrs[1]}, [{ins}], "
+                     f"[{', '.join(outs)}], {kind}]")
     parts.append(json.dumps([e.to_json() for e in graph.heads]))
     return hashlib.sha256("".join(parts).encode()).hexdigest()[:16]
 
@@ -348,13 +374,6 @@ def graph_fingerprint(graph: Graph) -> str:
 def _json_str(value: Any) -> str:
     """``json.dumps(value)``, quick for a string."""
     return _ENCODE_STR(value) if type(value) is str else json.dumps(value)
-
-
-def _entry_json(e: Entry) -> str:
-    """``json.dumps(e.to_json())``, quick for int fields."""
-    if type(e.node) is int and type(e.index) is int and type(e.version) is int:
-        return f"[{e.node}, {e.index}, {e.version}]"
-    return json.dumps(e.to_json())
 
 
 _ENCODE_STR = json.encoder.encode_basestring_ascii     # what json.dumps writes a string with
@@ -523,51 +542,86 @@ def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
 
 
 def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan, ...]:
-    plans = []
     parts = [r.cut.parts for r in results]
-    # (shape, the search's layout at each level) -> the plan's layouts and the largest shard
+    members = [r.members for r in results]
+    var_layouts = [r.var_layout for r in results]
+    # the ids of what each level chose (all alive in results), the output and the id of its
+    # TensorInfo (alive in the graph) -> the plan's layouts and the largest shard
     typed: dict[tuple, tuple[tuple[StoredLayout, ...], tuple[int, ...]]] = {}
+    plans = []
+    append = plans.append
     for i, node in enumerate(graph.nodes):
-        variable = node.is_variable
-        kind = node.kind if variable else "activation"
-        for k in range(1 if variable else len(node.outputs)):
-            info = node.outputs[k]
-            found = tuple(r.var_layout[i] for r in results) if variable else \
-                tuple(r.members[i][1][k] for r in results)
-            key = (info.shape, found)
+        if node.is_variable:
+            found = [layouts[i] for layouts in var_layouts]
+            info = node.outputs[0]
+            key = (id(info), *map(id, found))
             if key not in typed:
-                shard = list(info.shape)
-                for layout, p in zip(found, parts):
-                    if layout[0] == "split":     # the largest piece
-                        shard[layout[1]] = -(-shard[layout[1]] // p)
-                typed[key] = tuple(map(StoredLayout.of, found)), tuple(shard)
-            plans.append(TensorPlan(node.name if variable else f"{node.name}:{k}", kind,
-                                    info.shape, info.dtype, *typed[key]))
+                typed[key] = _typed_layouts(info.shape, found, parts)
+            append(TensorPlan(node.name, node.kind, info.shape, info.dtype, *typed[key]))
+            continue
+        rows = [chosen[i] for chosen in members]       # (strategy, stored layouts) per level
+        ids = tuple(map(id, rows))
+        name = node.name
+        for k, info in enumerate(node.outputs):
+            key = (ids, k, id(info))
+            if key not in typed:
+                typed[key] = _typed_layouts(info.shape, [row[1][k] for row in rows], parts)
+            append(TensorPlan(f"{name}:{k}", "activation", info.shape, info.dtype, *typed[key]))
     return tuple(plans)
 
 
+def _typed_layouts(shape: tuple[int, ...], found: list, parts: list[int]
+                   ) -> tuple[tuple[StoredLayout, ...], tuple[int, ...]]:
+    """A tensor's stored layout at each level (the search's ``found``) as the plan's, and
+    the largest shard a device stores."""
+    shard = list(shape)
+    for layout, p in zip(found, parts):
+        if layout[0] == "split":     # the largest piece
+            shard[layout[1]] = -(-shard[layout[1]] // p)
+    return tuple(map(StoredLayout.of, found)), tuple(shard)
+
+
 def _op_plans(graph: Graph, results: list[_LevelResult]) -> tuple[OpPlan, ...]:
-    typed: dict[int, OpStrategy] = {}   # id of a search Strategy (all alive in results) -> its type
+    members = [r.members for r in results]
+    # the ids of the (strategy, stored layouts) each level chose (all alive in results) ->
+    # the strategies' types; a search Strategy's type by its id (hashing one is slow)
+    typed: dict[tuple, tuple[OpStrategy, ...]] = {}
+    strategy_types: dict[int, OpStrategy] = {}
     plans = []
     for i, n in enumerate(graph.nodes):
         if n.is_variable:
             continue
-        for r in results:
-            s = r.members[i][0]
-            if id(s) not in typed:
-                typed[id(s)] = OpStrategy.of(s)
-        plans.append(OpPlan(n.name, n.op, tuple(typed[id(r.members[i][0])] for r in results)))
+        rows = [chosen[i] for chosen in members]
+        key = tuple(map(id, rows))
+        found = typed.get(key)
+        if found is None:
+            for s, _ in rows:
+                if id(s) not in strategy_types:
+                    strategy_types[id(s)] = OpStrategy.of(s)
+            found = typed[key] = tuple(strategy_types[id(s)] for s, _ in rows)
+        plans.append(OpPlan(n.name, n.op, found))
     return tuple(plans)
 
 
 def _memory(graph: Graph, tensors: Sequence[TensorPlan], kept: Mapping, options: SearchOptions,
             k: int) -> tuple[Memory, ...]:
-    """``kept``: :func:`~nnvm_passes.backward.kept_for_backward` of the graph."""
-    shard_bytes = {t.name: math.prod(t.shard) * itemsize_of(t.dtype) for t in tensors}
+    """``kept``: :func:`~nnvm_passes.backward.kept_for_backward` of the graph; ``tensors``:
+    :func:`_tensor_plans` of the graph (a variable's tensor, or an operator's outputs, in
+    node order)."""
+    sizes: dict[tuple, int] = {}      # (id of a shard, dtype) -> its bytes (shards shared)
+
+    def shard_bytes(t: TensorPlan) -> int:
+        key = (id(t.shard), t.dtype)
+        found = sizes.get(key)
+        if found is None:
+            found = sizes[key] = math.prod(t.shard) * itemsize_of(t.dtype)
+        return found
     weights = gradients = aux = inputs = activations = 0
+    position = 0
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
-            b = shard_bytes[node.name]
+            b = shard_bytes(tensors[position])
+            position += 1
             if node.kind == "param":
                 weights += b
                 gradients += b
@@ -578,7 +632,8 @@ def _memory(graph: Graph, tensors: Sequence[TensorPlan], kept: Mapping, options:
             continue
         for j in range(len(node.outputs)):
             if kept[(i, j)]:
-                activations += shard_bytes[f"{node.name}:{j}"]
+                activations += shard_bytes(tensors[position + j])
+        position += len(node.outputs)
     m = Memory(weights, gradients, int(weights * options.optimizer_state), aux, inputs, activations)
     return tuple(m for _ in range(k))
 
@@ -757,14 +812,22 @@ def _balanced(graph: Graph, num_devices: int, plan: Plan, options: SearchOptions
 def ideal_memory(graph: Graph, kept: Mapping, options: SearchOptions, k: int) -> float:
     """1/k of the bytes :attr:`Plan.memory` counts on a device, what an even split of
     everything would hold (``kept``: :func:`~nnvm_passes.backward.kept_for_backward`)."""
+    sizes: dict[int, int] = {}      # id of a TensorInfo (alive in the graph) -> its bytes
+
+    def nbytes(t: TensorInfo) -> int:
+        found = sizes.get(id(t))
+        if found is None:
+            found = sizes[id(t)] = math.prod(t.shape) * itemsize_of(t.dtype)
+        return found
     total = 0
     for i, node in enumerate(graph.nodes):
+        if node.is_variable:
+            b = nbytes(node.outputs[0])
+            total += b * (2 + options.optimizer_state) if node.kind == "param" else b
+            continue
         for j, t in enumerate(node.outputs):
-            b = math.prod(t.shape) * itemsize_of(t.dtype)
-            if node.is_variable:
-                total += b * (2 + options.optimizer_state) if node.kind == "param" else b
-            elif kept[(i, j)]:
-                total += b
+            if kept[(i, j)]:
+                total += nbytes(t)
     return total / k
 
 

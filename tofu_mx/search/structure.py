@@ -53,20 +53,31 @@ class GraphStructure:
         facts: dict[tuple[int, bool], int] = {}
         outputs_id: dict[int, int] = {}
         ids: dict[tuple, int] = {}
+        inputs: dict[int, tuple[tuple[int, int], ...]] = {}
+        may_follow = []
         for i, node in enumerate(nodes):
-            outs = tuple((itemsize_of(t.dtype), grad[(i, k)]) for k, t in enumerate(node.outputs))
-            for k, out in enumerate(outs):
-                itemsize[(i, k)] = out[0]
-                tensor_facts[(i, k)] = facts.setdefault(out, len(facts))
-            if not node.is_variable:
-                outputs_id[i] = ids.setdefault(outs, len(ids))
-        inputs = {i: tuple((e.node, e.index) for e in nodes[i].inputs) for i in outputs_id}
-        may_follow = frozenset(i for i, ins in inputs.items()
-                               if ins and ins[0][1] == 0 and len(nodes[i].outputs) == 1 and
-                               not nodes[ins[0][0]].is_variable)
+            outputs = node.outputs
+            if len(outputs) == 1:      # most nodes: the loop below, unrolled
+                tensor = (i, 0)
+                out = (itemsize_of(outputs[0].dtype), grad[tensor])
+                outs = (out,)
+                itemsize[tensor] = out[0]
+                tensor_facts[tensor] = facts.setdefault(out, len(facts))
+            else:
+                outs = tuple([(itemsize_of(t.dtype), grad[(i, k)]) for k, t in enumerate(outputs)])
+                for k, out in enumerate(outs):
+                    itemsize[(i, k)] = out[0]
+                    tensor_facts[(i, k)] = facts.setdefault(out, len(facts))
+            if node.is_variable:
+                continue
+            outputs_id[i] = ids.setdefault(outs, len(ids))
+            ins = inputs[i] = tuple([(e.node, e.index) for e in node.inputs])
+            if ins and ins[0][1] == 0 and len(outputs) == 1 and not nodes[ins[0][0]].is_variable:
+                may_follow.append(i)
         return GraphStructure(tuple(outputs_id),
                               tuple(i for i, n in enumerate(nodes) if n.is_variable), grad,
-                              itemsize, may_follow, outputs_id, _shared_params(nodes, inputs),
+                              itemsize, frozenset(may_follow), outputs_id,
+                              _shared_params(nodes, inputs),
                               inputs, tensor_facts, tuple(facts))
 
     def keeps_input(self, graph: Graph, member: int, j: int) -> bool:
@@ -165,14 +176,27 @@ def needs_grad_of(graph: Graph) -> dict[tuple[int, int], bool]:
     """Whether each tensor carries a gradient: parameters do, and whatever is computed from
     them, except through an operator that declares no gradient (BlockGrad, argmax)."""
     grad: dict[tuple[int, int], bool] = {}
+    current = generation()
+    passes: dict[tuple, bool] = {}      # (operator, attributes) -> whether it has a gradient
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
             grad[(i, 0)] = node.kind == "param"
             continue
-        flows = _passes_gradient(node.op, node.attrs, generation()) and \
-            any(grad[(e.node, e.index)] for e in node.inputs)
-        for k in range(len(node.outputs)):
-            grad[(i, k)] = flows
+        key = (node.op, node.attrs)
+        has = passes.get(key)
+        if has is None:
+            has = passes[key] = _passes_gradient(node.op, node.attrs, current)
+        flows = False
+        if has:
+            for e in node.inputs:
+                if grad[(e.node, e.index)]:
+                    flows = True
+                    break
+        if len(node.outputs) == 1:
+            grad[(i, 0)] = flows
+        else:
+            for k in range(len(node.outputs)):
+                grad[(i, k)] = flows
     return grad
 
 
