@@ -137,28 +137,42 @@ def solve_dp(problem: Problem, max_states: int = 4_000_000, progress=None,
 
 @dataclass(frozen=True)
 class _Schedule:
-    """The bookkeeping of the problem's own node order."""
+    """The bookkeeping of the problem's own node order (arrays where a problem has hundreds
+    of thousands of nodes)."""
 
-    counts: list[int]                                   # choices of each node
-    neighbours: list[list[tuple[int, np.ndarray]]]      # v -> (u, m[x_u, x_v]) for u < v
-    last: list[int]                                     # each node's last neighbour (or itself)
-    leaving: list[list[int]]      # v -> the nodes of more than one choice whose last is v
+    counts: list[int]                     # choices of each node
+    count_array: np.ndarray               # the same, as an array
+    ends: tuple[np.ndarray, np.ndarray]   # each edge's (u, v), u < v, in the problem's order
+    last: np.ndarray                      # each node's last neighbour (or itself)
+    leaving: list                         # v -> the nodes of more than one choice whose
+    #                                       last is v, in index order (an empty tuple: none)
 
     @staticmethod
     def of(problem: Problem) -> "_Schedule":
         n = len(problem.names)
         counts = [len(c) for c in problem.choices]
-        neighbours: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(n)]
-        last = list(range(n))
+        count_array = np.array(counts, dtype=np.int64)
+        edges = problem.edges
+        u = np.fromiter([e[0] for e in edges], dtype=np.int64, count=len(edges))
+        v = np.fromiter([e[1] for e in edges], dtype=np.int64, count=len(edges))
+        last = np.arange(n, dtype=np.int64)
+        np.maximum.at(last, u, v)
+        leaving: list = [()] * n
+        several = np.flatnonzero(count_array > 1)     # a node with one choice takes no axis
+        by_last = several[np.argsort(last[several], kind="stable")]
+        for x, at in zip(by_last.tolist(), last[by_last].tolist()):
+            if leaving[at]:
+                leaving[at].append(x)
+            else:
+                leaving[at] = [x]
+        return _Schedule(counts, count_array, (u, v), last, leaving)
+
+    def neighbours(self, problem: Problem) -> list[list[tuple[int, np.ndarray]]]:
+        """v -> (u, m[x_u, x_v]) for each edge (u, v), u < v, in edge order."""
+        found: list[list[tuple[int, np.ndarray]]] = [[] for _ in self.counts]
         for u, v, m in problem.edges:
-            neighbours[v].append((u, m))
-            if v > last[u]:
-                last[u] = v
-        leaving: list[list[int]] = [[] for _ in range(n)]
-        for u in range(n):
-            if counts[u] > 1:              # a node with one choice takes no axis
-                leaving[last[u]].append(u)
-        return _Schedule(counts, neighbours, last, leaving)
+            found[v].append((u, m))
+        return found
 
     def largest_state(self) -> float:
         """:func:`largest_state` of the problem's own order (computed alike: nodes of one
@@ -185,9 +199,7 @@ def _eliminate(problem: Problem, schedule: "_Schedule", max_states: int,
     table = np.zeros(())                  # D over the frontier's axes
     frontier: list[int] = []
     eliminated: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (node, axes left, argmin)
-    kept = [False] * n
-    for v in folding.kept:
-        kept[v] = True
+    kept = folding.kept
     unary, neighbours, counts = folding.unary, folding.neighbours, schedule.counts
     for v, leaving in enumerate(schedule.leaving):
         if kept[v]:
@@ -202,8 +214,11 @@ def _eliminate(problem: Problem, schedule: "_Schedule", max_states: int,
     assignment = [0] * n
     for u, axes, argmin in reversed(eliminated):
         assignment[u] = int(argmin[tuple(assignment[a] for a in axes)])
-    for u, v, argmin in folding.leaves:
-        assignment[u] = int(argmin[assignment[v]])
+    if folding.leaves:
+        assignment = np.array(assignment, dtype=np.int64)
+        for us, vs, argmin in folding.leaves:
+            assignment[us] = argmin[np.arange(len(us)), assignment[vs]]
+        assignment = assignment.tolist()
     return Solution(float(table) + folding.constant, tuple(assignment), widest, most)
 
 
@@ -249,13 +264,15 @@ def _exact(problem: Problem) -> bool:
     if not np.array_equal(unary, np.floor(unary)):
         return False
     total = float(np.abs(unary).sum())
-    matrices: dict[int, list] = {}        # each distinct matrix once: [matrix, edges with it]
-    for _, _, m in problem.edges:
-        matrices.setdefault(id(m), [m, 0])[1] += 1
-    for m, count in matrices.values():
+    # each distinct matrix once (edges share them), with the number of edges using it
+    matrices = [m for _, _, m in problem.edges]
+    ids, first, count = np.unique(np.array([id(m) for m in matrices], dtype=np.uint64),
+                                  return_index=True, return_counts=True)
+    for k, times in zip(first.tolist(), count.tolist()):
+        m = matrices[k]
         if not np.array_equal(m, np.floor(m)):
             return False
-        total += count * float(np.abs(m).sum())
+        total += times * float(np.abs(m).sum())
     return total < _EXACT_BOUND
 
 
@@ -273,111 +290,104 @@ class _Folding:
     then the full DP's; ``max_frontier`` and ``max_states`` come from :func:`_frontier_bounds`.
     """
 
-    kept: frozenset[int] | range
+    kept: list[bool]                     # node -> whether the DP takes it
     unary: list                          # node -> its unary cost, with what was moved onto it
-    neighbours: list[list[tuple[int, np.ndarray]]]     # edges between kept nodes, by later end
-    leaves: list[tuple[int, int, np.ndarray]]     # (leaf, v, the leaf's best choice per x_v)
+    neighbours: list                     # v -> edges (u, m) between kept nodes, by later end
+    #                                      (an empty tuple: none)
+    leaves: list[tuple[np.ndarray, np.ndarray, np.ndarray]]    # (leaves, their v, each
+    #                                      leaf's best choice per x_v), by shape
     constant: float
 
     @staticmethod
     def none(problem: Problem, schedule: _Schedule) -> "_Folding":
-        return _Folding(range(len(problem.names)), list(problem.unary), schedule.neighbours,
-                        [], 0.0)
+        return _Folding([True] * len(problem.names), list(problem.unary),
+                        schedule.neighbours(problem), [], 0.0)
 
     @staticmethod
     def of(problem: Problem, schedule: _Schedule) -> "_Folding":
-        counts = schedule.counts
-        leaves = _leaves(problem, schedule)
-        contributions = _Contributions(problem.unary, counts)
-        neighbours: list[list[tuple[int, np.ndarray]]] = [[] for _ in counts]
-        for u, v, m in problem.edges:
-            if u in leaves or v in leaves:
-                continue
-            if counts[u] == 1 or counts[v] == 1:
-                contributions.edge(u, v, m)
-            else:
-                neighbours[v].append((u, m))
-        chosen = contributions.leaves(problem.unary, leaves)
-        kept = frozenset(v for v, k in enumerate(counts) if k > 1 and v not in leaves)
-        return _Folding(kept, contributions.unary(kept), neighbours, chosen,
-                        contributions.constant)
-
-
-def _leaves(problem: Problem, schedule: _Schedule) -> dict[int, tuple[int, np.ndarray]]:
-    """The leaves :class:`_Folding` takes out: ``leaf -> (v, pair[x_leaf, x_v])``."""
-    degree = [0] * len(problem.names)
-    edge_of: dict[int, tuple[int, int, np.ndarray]] = {}
-    for u, v, m in problem.edges:
-        degree[u] += 1
-        degree[v] += 1
-        edge_of[u] = edge_of[v] = (u, v, m)
-    counts, last = schedule.counts, schedule.last
-    found = {}
-    for x, d in enumerate(degree):
-        if d == 1 and counts[x] > 1:
-            u, v, m = edge_of[x]
-            if x == u:                     # the leaf comes first
-                found[x] = (v, m)
-            elif counts[u] == 1 or last[u] > x:
-                found[x] = (u, m.T)
-    return found
-
-
-class _Contributions:
-    """Costs moved onto the kept nodes' unary costs (and a constant), added in batches of
-    one length (the order of exact additions does not matter)."""
-
-    def __init__(self, unary: tuple[np.ndarray, ...], counts: list[int]):
-        self._unary, self._counts = unary, counts
-        self.constant = float(sum(float(unary[v][0]) for v, k in enumerate(counts) if k == 1))
-        self._targets: dict[int, list[int]] = {}        # length -> targets
-        self._values: dict[int, list[np.ndarray]] = {}  # length -> one vector per target
-
-    def add(self, v: int, vector: np.ndarray) -> None:
-        self._targets.setdefault(len(vector), []).append(v)
-        self._values.setdefault(len(vector), []).append(vector)
-
-    def edge(self, u: int, v: int, m: np.ndarray) -> None:
-        """An edge with an end of one choice."""
-        if self._counts[u] == 1 and self._counts[v] == 1:
-            self.constant += float(m[0, 0])
-        elif self._counts[u] == 1:
-            self.add(v, m[0])
-        else:
-            self.add(u, m[:, 0])
-
-    def leaves(self, unary: tuple[np.ndarray, ...], leaves: dict
-               ) -> list[tuple[int, int, np.ndarray]]:
-        """Fold the leaves, those of one shape at once: ``(leaf, v, best leaf choice per
-        x_v)`` for each."""
-        by_shape: dict[tuple[int, int], list[int]] = {}
-        for u, (_, pair) in leaves.items():
-            by_shape.setdefault(pair.shape, []).append(u)
+        count = schedule.count_array
+        n, (eu, ev) = len(count), schedule.ends
+        matrices = [m for _, _, m in problem.edges]
+        leaf, leaf_edge, leaf_first, target = _leaves(schedule)
+        is_leaf = np.zeros(n, dtype=bool)
+        is_leaf[leaf] = True
+        flat, starts = _flat(problem.unary)
+        one = count == 1
+        constant = float(flat[starts[:-1][one]].sum())
+        additions: list[tuple[np.ndarray, np.ndarray]] = []    # (targets, rows) to add
+        # the leaves, those of one shape at once: each adds its best cost per choice of v
         chosen = []
-        for (_, width), us in by_shape.items():
-            cost = np.stack([unary[u] for u in us])[:, :, None] + \
-                np.stack([leaves[u][1] for u in us])
-            best, argmin = cost.min(axis=1), cost.argmin(axis=1)    # [leaf, x_v]
-            for u, row, choice in zip(us, best, argmin):
-                v = leaves[u][0]
-                if self._counts[v] == 1:
-                    self.constant += float(row[0])
-                else:
-                    self.add(v, row)
-                chosen.append((u, v, choice))
-        return chosen
+        shapes = count[leaf] * (int(count.max(initial=0)) + 1) + count[target]
+        for shape in np.unique(shapes).tolist():
+            group = np.flatnonzero(shapes == shape)
+            us, vs = leaf[group], target[group]
+            pairs = np.stack([matrices[e] if first else matrices[e].T for e, first in
+                              zip(leaf_edge[group].tolist(), leaf_first[group].tolist())])
+            cost = np.stack([problem.unary[u] for u in us.tolist()])[:, :, None] + pairs
+            best, argmin = cost.min(axis=1), cost.argmin(axis=1)      # [leaf, x_v]
+            fixed = one[vs]
+            constant += float(best[fixed, 0].sum())
+            additions.append((vs[~fixed], best[~fixed]))
+            chosen.append((us, vs, argmin))
+        # the other edges: those with an end of one choice add to the other end, or to the
+        # constant; the rest stay, by their later end
+        stays = ~(is_leaf[eu] | is_leaf[ev])
+        one_u, one_v = one[eu], one[ev]
+        for e in np.flatnonzero(stays & one_u & one_v).tolist():
+            constant += float(matrices[e][0, 0])
+        for ends, rows, other in ((ev, lambda m: m[0], one_u & ~one_v),
+                                  (eu, lambda m: m[:, 0], one_v & ~one_u)):
+            edges = np.flatnonzero(stays & other)
+            by_length: dict[int, list[int]] = {}
+            for e, length in zip(edges.tolist(), count[ends[edges]].tolist()):
+                by_length.setdefault(length, []).append(e)
+            for es in by_length.values():
+                additions.append((ends[es], np.stack([rows(matrices[e]) for e in es])))
+        for targets, rows in additions:
+            if len(targets):
+                np.add.at(flat, starts[targets][:, None] + np.arange(rows.shape[1]), rows)
+        neighbours: list = [()] * n
+        inner = np.flatnonzero(stays & ~one_u & ~one_v)
+        for e, u, v in zip(inner.tolist(), eu[inner].tolist(), ev[inner].tolist()):
+            if neighbours[v]:
+                neighbours[v].append((u, matrices[e]))
+            else:
+                neighbours[v] = [(u, matrices[e])]
+        kept = (~one & ~is_leaf).tolist()
+        unary = list(problem.unary)
+        bounds = starts.tolist()
+        for v in np.flatnonzero(~one & ~is_leaf).tolist():
+            unary[v] = flat[bounds[v]:bounds[v + 1]]
+        return _Folding(kept, unary, neighbours, chosen, constant)
 
-    def unary(self, kept: frozenset[int]) -> list:
-        """Each kept node's unary cost with what was moved onto it."""
-        found = list(self._unary)
-        starts = np.cumsum([0] + [len(c) for c in self._unary])
-        flat = np.concatenate(self._unary) if self._unary else np.zeros(0)
-        for length, targets in self._targets.items():
-            index = (starts[targets][:, None] + np.arange(length)).ravel()
-            np.add.at(flat, index, np.concatenate(self._values[length]))
-        for v in kept:
-            found[v] = flat[starts[v]:starts[v + 1]]
-        return found
+
+def _flat(unary: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The unary costs end to end (a copy), and where each node's start (one more: the
+    end)."""
+    starts = np.zeros(len(unary) + 1, dtype=np.int64)
+    starts[1:] = np.cumsum([len(c) for c in unary])
+    flat = np.concatenate(unary).astype(np.float64) if unary else np.zeros(0)
+    return flat, starts
+
+
+def _leaves(schedule: _Schedule) -> tuple[np.ndarray, ...]:
+    """The leaves :class:`_Folding` takes out, in index order: ``(leaf, its edge, whether
+    the leaf is the edge's first end, its neighbour v)``."""
+    count, last, (eu, ev) = schedule.count_array, schedule.last, schedule.ends
+    n = len(count)
+    degree = np.bincount(eu, minlength=n) + np.bincount(ev, minlength=n)
+    edge_of = np.full(n, -1, dtype=np.int64)
+    for ends in (eu, ev):
+        single = np.flatnonzero(degree[ends] == 1)
+        edge_of[ends[single]] = single
+    candidates = np.flatnonzero((degree == 1) & (count > 1))
+    edge = edge_of[candidates]
+    first = eu[edge] == candidates
+    other = np.where(first, ev[edge], eu[edge])
+    # a leaf after its neighbour is taken out only where the full DP eliminates it at its own
+    # step: its neighbour has one choice, or leaves after it
+    ok = first | (count[other] == 1) | (last[other] > candidates)
+    return candidates[ok], edge[ok], first[ok], other[ok]
 
 
 def _add_node(table: np.ndarray, frontier: list[int], v: int, unary: np.ndarray,
