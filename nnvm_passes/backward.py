@@ -206,13 +206,30 @@ def _small_shapes(op: str, attrs: tuple, n_outputs: int, shapes: tuple,
     return small
 
 
-def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool]
+def gradient_reads(graph: Graph, grads: Mapping[tuple[int, int], bool]
+                   ) -> dict[int, tuple[frozenset[int], frozenset[int]]]:
+    """:func:`backward_reads` of every operator with a gradient node (one of its outputs
+    carries a gradient: ``grads``), by node index."""
+    found = {}
+    for i, node in enumerate(graph.nodes):
+        if node.is_variable:
+            continue
+        outputs = node.outputs
+        if grads[(i, 0)] if len(outputs) == 1 else \
+                any(grads[(i, j)] for j in range(len(outputs))):
+            g = _gradient(node, graph)
+            found[i] = (g.inputs, g.outputs)
+    return found
+
+
+def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool],
+                      reads: Mapping[int, tuple[frozenset[int], frozenset[int]]] | None = None
                       ) -> dict[tuple[int, int], frozenset[int]]:
     """For every operator output ``(node, index)``: the nodes whose gradient reads it (the
     producer itself when its gradient reads its output; empty when the tensor is not kept).
     A tensor read on another device is held there, in the copy MXNet makes for that device.
     ``grads``: whether each tensor carries a gradient (an operator has a gradient node when
-    one of its outputs does).
+    one of its outputs does); ``reads``: :func:`gradient_reads` of the graph, if made already.
 
     A node marked ``__force_mirroring__`` is built again in the backward pass, from its
     inputs, and MXNet's gradient pass reads that copy instead: its gradient holds none of its
@@ -235,11 +252,10 @@ def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool]
                 held.add((e.node, p))
                 hold(inner, e.node)
 
-    for i, node in enumerate(nodes):
-        if node.op == "null" or not any(grads[(i, j)] for j in range(len(node.outputs))):
-            continue
-        found = _gradient(node, graph)
-        ins, outs = found.inputs, found.outputs
+    if reads is None:
+        reads = gradient_reads(graph, grads)
+    for i, (ins, outs) in reads.items():
+        node = nodes[i]
         if i in mirrored:     # its copy runs again, from all its inputs
             for p, e in enumerate(node.inputs):
                 if (i, p) not in held:

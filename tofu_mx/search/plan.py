@@ -860,7 +860,8 @@ class _Shared:
     @staticmethod
     def of(graph: Graph) -> "_Shared":
         structure = GraphStructure.of(graph)
-        return _Shared(structure, kept_for_backward(graph, structure.needs_grad),
+        return _Shared(structure, kept_for_backward(graph, structure.needs_grad,
+                                                    structure.backward),
                        _opaque_ops(graph), graph_fingerprint(graph))
 
 

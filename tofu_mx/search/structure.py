@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from nnvm_passes.backward import backward_reads
+from nnvm_passes.backward import backward_reads, gradient_reads
 from nnvm_passes.ir import FrozenDict, Graph
 from tofu_mx.tdl.registry import Attrs, facts, generation, lookup
 
@@ -25,7 +25,8 @@ class GraphStructure:
 
     ``tie_memo`` keeps the ties of the last few coarsenings, keyed by what determines them
     (the followers and each copy's signature): a level whose coarsening did not change
-    reuses them. ``gradient_reads`` caches :func:`~nnvm_passes.backward.backward_reads`."""
+    reuses them. ``backward``: :func:`~nnvm_passes.backward.gradient_reads` of the graph
+    (what each operator's gradient reads)."""
 
     ops: tuple[int, ...]
     variables: tuple[int, ...]
@@ -39,8 +40,9 @@ class GraphStructure:
     inputs: Mapping[int, tuple[tuple[int, int], ...]]   # operator -> its input tensors
     tensor_facts: Mapping[tuple[int, int], int]   # tensor -> id of (itemsize, needs gradient)
     facts_of_tensors: tuple[tuple[int, bool], ...]   # that id -> (itemsize, needs gradient)
+    backward: Mapping[int, tuple[frozenset[int], frozenset[int]]]   # operator with a gradient
+    #                                   node -> the input and output positions it reads
     tie_memo: dict = field(default_factory=dict, compare=False, repr=False)
-    gradient_reads: dict = field(default_factory=dict, compare=False, repr=False)
     refetching: dict = field(default_factory=dict, compare=False, repr=False)
     port_memo: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -78,21 +80,19 @@ class GraphStructure:
                               tuple(i for i, n in enumerate(nodes) if n.is_variable), grad,
                               itemsize, frozenset(may_follow), outputs_id,
                               _shared_params(nodes, inputs),
-                              inputs, tensor_facts, tuple(facts))
+                              inputs, tensor_facts, tuple(facts), gradient_reads(graph, grad))
 
     def keeps_input(self, graph: Graph, member: int, j: int) -> bool:
         """Whether operator ``member``'s gradient reads its input ``j`` (so a converted copy
         of it lives until the backward pass)."""
-        if member not in self.gradient_reads:
-            node = graph.nodes[member]
-            grads = any(self.needs_grad[(member, o)] for o in range(len(node.outputs)))
-            self.gradient_reads[member] = backward_reads(node, graph)[0] if grads else ()
-        return j in self.gradient_reads[member]
+        reads = self.backward.get(member)
+        return reads is not None and j in reads[0]
 
     def refetches(self, graph: Graph, member: int) -> bool:
         """:func:`refetches_inputs` of operator ``member`` (cached)."""
         if member not in self.refetching:
-            self.refetching[member] = refetches_inputs(graph, member, self.needs_grad)
+            self.refetching[member] = refetches_inputs(graph, member, self.needs_grad,
+                                                       self.backward.get(member, _NO_READS))
         return self.refetching[member]
 
     def ports(self, graph: Graph) -> "Ports":
@@ -200,13 +200,18 @@ def needs_grad_of(graph: Graph) -> dict[tuple[int, int], bool]:
     return grad
 
 
-def refetches_inputs(graph: Graph, i: int, needs_grad: Mapping[tuple[int, int], bool]) -> bool:
+_NO_READS: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())
+
+
+def refetches_inputs(graph: Graph, i: int, needs_grad: Mapping[tuple[int, int], bool],
+                     reads: tuple[frozenset[int], frozenset[int]] | None = None) -> bool:
     """Whether operator ``i`` re-fetches its converted inputs for the backward pass instead of
     keeping them (``SearchOptions.refetch``): the rewrite marks the conversions and the
     operator for MXNet's mirroring, so the backward pass builds them, and runs the operator,
     again. It does when its gradient reads some input, and running it again gives the same
     values: a described operator, not random, declaring ``recompute`` (OpFacts), with no
-    auxiliary state (which a second run would update twice)."""
+    auxiliary state (which a second run would update twice). ``reads``: its
+    :func:`~nnvm_passes.backward.backward_reads`, if known."""
     node = graph.nodes[i]
     if node.is_variable or not _may_run_again(node.op, node.attrs, generation()):
         return False
@@ -215,7 +220,7 @@ def refetches_inputs(graph: Graph, i: int, needs_grad: Mapping[tuple[int, int], 
         return False
     if not any(needs_grad[(i, k)] for k in range(len(node.outputs))):
         return False
-    return bool(backward_reads(node, graph)[0])
+    return bool((backward_reads(node, graph) if reads is None else reads)[0])
 
 
 @functools.lru_cache(maxsize=1 << 12)
