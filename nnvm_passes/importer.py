@@ -333,23 +333,33 @@ def _nodes(js: dict, out_shapes: list, out_types: list[str], kinds: dict[int, st
     tensor's shape and dtype, a node's attributes (so that their hash is computed once)."""
     infos: dict[tuple, TensorInfo] = {}
     attrs: dict[tuple, FrozenDict] = {}
-    nodes, row = [], 0
+    no_attrs = FrozenDict()
+    nodes = []
     row_ptr = js["node_row_ptr"]
+
+    def info(shape, dtype) -> TensorInfo:
+        found = infos.get((shape, dtype))
+        if found is None:
+            found = infos[(shape, dtype)] = TensorInfo(tuple([int(d) for d in shape]), dtype)
+        return found
     for i, jn in enumerate(js["nodes"]):
-        outputs = []
-        for shape, dtype in zip(out_shapes[row:row_ptr[i + 1]], out_types[row:row_ptr[i + 1]]):
-            if (shape, dtype) not in infos:
-                infos[(shape, dtype)] = TensorInfo(tuple(int(d) for d in shape), dtype)
-            outputs.append(infos[(shape, dtype)])
-        row = row_ptr[i + 1]
-        raw = jn.get("attrs", {})
-        key = tuple(raw.items())
-        if key not in attrs:
-            attrs[key] = FrozenDict(raw)
+        row, end = row_ptr[i], row_ptr[i + 1]
+        if end == row + 1:          # most nodes: one output
+            outputs = (info(out_shapes[row], out_types[row]),)
+        else:
+            outputs = tuple([info(shape, dtype) for shape, dtype
+                             in zip(out_shapes[row:end], out_types[row:end])])
+        raw = jn.get("attrs")
+        if raw:
+            key = tuple(raw.items())
+            found = attrs.get(key)
+            if found is None:
+                found = attrs[key] = FrozenDict(raw)
+        else:
+            found = no_attrs
         extra = _NO_EXTRA if jn.keys() <= _JSON_NODE_KEYS else \
             FrozenDict({k: json.dumps(v) for k, v in jn.items() if k not in _JSON_NODE_KEYS})
-        nodes.append(Node(
-            name=jn["name"], op=jn["op"], attrs=attrs[key],
-            inputs=tuple(Entry(*e) for e in jn["inputs"]), outputs=tuple(outputs),
-            kind=kinds.get(i), extra=extra))
+        nodes.append(Node(jn["name"], jn["op"], found,
+                          tuple([Entry(*e) for e in jn["inputs"]]), outputs, kinds.get(i),
+                          extra))
     return tuple(nodes)

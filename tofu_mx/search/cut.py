@@ -680,7 +680,7 @@ class Cut:
         return cost, weighted
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Resolution:
     """A group's choices resolved: ``rows[choice][c]`` holds each member of copy ``c`` as
     ``(Strategy, stored layouts)``, in copy order. Copies of one structure share their rows
@@ -690,6 +690,15 @@ class Resolution:
     rows: tuple[tuple[tuple, ...], ...]
     keys: tuple[int, ...]       # each copy's structure id
     choices_id: int             # its choices' id (the shape id of its leader)
+
+    def __init__(self, copies: tuple[tuple[int, ...], ...], rows: tuple[tuple[tuple, ...], ...],
+                 keys: tuple[int, ...], choices_id: int):
+        # written out (a cut makes one per group): see nnvm_passes.ir.Entry
+        fields = self.__dict__
+        fields["copies"] = copies
+        fields["rows"] = rows
+        fields["keys"] = keys
+        fields["choices_id"] = choices_id
 
     def members(self, choice: int) -> dict[int, tuple[Strategy, tuple]]:
         found = {}
@@ -834,23 +843,32 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
     Operators of one shape id resolved alike get one computation (keyed by the strategy's
     identity, as hashing a Strategy is slow: they are all alive in ``resolved_by_member``)."""
     op_in, op_out, var, shard, short = {}, {}, {}, {}, dict(cut.view.short)
+    # keyed by the identity of the (strategy, stored layouts) chosen (shared by the members
+    # resolved alike, all alive in ``resolved_by_member``), of a shape and of a layout
     found: dict[tuple, tuple] = {}
     for i in cut.ops:
-        s, stored = resolved_by_member[i]
-        key = (cut._shape_id[i], id(s), stored)
+        chosen = resolved_by_member[i]
+        key = (cut._shape_id[i], id(chosen))
         if key not in found:
-            found[key] = _next_shapes(cut, i, s, stored)
+            found[key] = _next_shapes(cut, i, *chosen)
         shards, op_in[i], op_out[i] = found[key]
-        for k, shape in enumerate(shards):
-            shard[(i, k)] = shape
-        if s.uneven:
-            short[i] = short.get(i, frozenset()) | {s.var}
+        if len(shards) == 1:
+            shard[(i, 0)] = shards[0]
+        else:
+            for k, shape in enumerate(shards):
+                shard[(i, k)] = shape
+        if chosen[0].uneven:
+            short[i] = short.get(i, frozenset()) | {chosen[0].var}
+    shapes: dict[tuple[int, int], tuple] = {}
     for v in cut.variables:
-        shape = list(cut.view.var[v])
-        layout = var_layout[v]
-        if layout[0] == "split":
-            shape[layout[1]] //= cut.parts
-        var[v] = tuple(shape)
+        before, layout = cut.view.var[v], var_layout[v]
+        key = (id(before), id(layout))
+        if key not in shapes:
+            shape = list(before)
+            if layout[0] == "split":
+                shape[layout[1]] //= cut.parts
+            shapes[key] = (tuple(shape), before, layout)    # (the shape, kept alive)
+        var[v] = shapes[key][0]
     return View(op_in, op_out, var, shard, short)
 
 
