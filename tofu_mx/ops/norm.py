@@ -65,17 +65,17 @@ def lower_batch_norm(emit, attrs, shapes, data, gamma, beta, moving_mean, moving
     # the pseudo-batch's spread carries no gradient (sqrt'(0) would make a NaN of a zero)
     spread = emit("sqrt", emit("relu", emit("BlockGrad", var, name="var_const"),
                                name="var_pos"), name="std")
-    rows = [emit("expand_dims", emit(op, mean, spread, name=name), name=f"{name}_row", axis=0)
-            for op, name in (("elemwise_sub", "low"), ("elemwise_add", "high"))]
-    pseudo = emit("concat", *rows, name="pseudo_batch", dim=0, num_args=2)
+    pseudo = emit("stack", emit("elemwise_sub", mean, spread, name="low"),
+                  emit("elemwise_add", mean, spread, name="high"), name="pseudo_batch",
+                  axis=0, num_args=2)
     stats = emit("BatchNorm", pseudo, gamma, beta, moving_mean, moving_var, name="stats",
                  **{k: v for k, v in attrs.items() if k in ("eps", "momentum")},
                  fix_gamma=fix_gamma, axis=1, output_mean_var=True, cudnn_off=True,
                  use_global_stats=False)
-    # output 0 needs a reader (inference mode refuses an unread one): an exact zero
-    zero = emit("BlockGrad", emit("_mul_scalar", emit("sum", stats[0], name="rows", axis=0),
-                                  name="rows_zero", scalar=0.0), name="zero")
-    shown_mean = emit("elemwise_add", emit("BlockGrad", stats[1], name="stats_mean"), zero,
+    # output 0 needs a reader (inference mode refuses an unread one): an exact zero added
+    zero = emit("_mul_scalar", emit("sum", stats[0], name="rows", axis=0), name="rows_zero",
+                scalar=0.0)
+    shown_mean = emit("BlockGrad", emit("elemwise_add", stats[1], zero, name="stats_mean"),
                       name="shown_mean")
     used_mean = value_of(shown_mean, mean, "mean")
     used_inv_std = value_of(emit("BlockGrad", stats[2], name="stats_inv_std"), inv_std,
