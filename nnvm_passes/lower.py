@@ -58,10 +58,7 @@ class Emitter:
 
     def __call__(self, op: str, *inputs: Ref, name: str, **attrs: Any) -> Ref:
         """Emit ``op`` reading ``inputs``; returns its output 0 (index it for the others)."""
-        full = f"{self._base}/{name}"
-        if full in self._names:
-            raise TofuError(f"lowering {self._base!r} emits two nodes named {full!r}")
-        self._names.add(full)
+        full = _claim(self._names, self._base, name)
         node_attrs = {k: v if isinstance(v, str) else format_attr_value(v)
                       for k, v in attrs.items()}
         node_attrs.update(self._hidden)
@@ -71,6 +68,16 @@ class Emitter:
 
 
 Hook = Callable[..., "tuple[Ref, ...] | None"]
+
+
+def _claim(names: set[str], base: str, suffix: str) -> str:
+    """The name ``base/suffix`` of a node lowering ``base`` emits, added to ``names`` (the
+    graph's); TofuError if a node has it already."""
+    full = f"{base}/{suffix}"
+    if full in names:
+        raise TofuError(f"lowering {base!r} emits two nodes named {full!r}")
+    names.add(full)
+    return full
 
 
 def lower(graph: Graph, lowering_of: Callable[[Any], Hook | None]) -> Graph:
@@ -108,10 +115,23 @@ class _Templates:
         return self._found[key]
 
 
-def _check_outputs(node: Node, outs: tuple) -> None:
-    if len(outs) != len(node.outputs):
-        raise TofuError(f"lowering {node.name!r} ({node.op}) gave {len(outs)} outputs for "
-                        f"its {len(node.outputs)}")
+def _walk(graph: Graph, templates: "_Templates", keep, emit) -> list[tuple[int, int]]:
+    """Each node of ``graph`` in order, kept (``keep(index, node, inputs)``) or lowered by its
+    template (``emit(node, template, inputs)``), both given the node's inputs as new entries
+    ``(position, output)`` and giving its outputs'; the heads' new entries."""
+    where: dict[tuple[int, int], tuple[int, int]] = {}    # (old node, output) -> new entry
+    for i, node in enumerate(graph.nodes):
+        inputs = [where[(e.node, e.index)] for e in node.inputs]
+        template = templates.of(i)
+        if template is None:
+            outs = keep(i, node, inputs)
+        else:
+            outs = emit(node, template, inputs)
+            if len(outs) != len(node.outputs):
+                raise TofuError(f"lowering {node.name!r} ({node.op}) gave {len(outs)} outputs "
+                                f"for its {len(node.outputs)}")
+        where.update(((i, k), r) for k, r in enumerate(outs))
+    return [where[(e.node, e.index)] for e in graph.heads]
 
 
 def _lower_direct(graph: Graph, templates: "_Templates") -> Graph:
@@ -121,32 +141,25 @@ def _lower_direct(graph: Graph, templates: "_Templates") -> Graph:
     reads: list[tuple] = []               # new position -> its inputs, (position, output)
     infos: list = []                      # new position -> its outputs' TensorInfo
     spans: list[tuple] = []   # (first position, template, inputs, the lowered node)
-    where: dict[tuple[int, int], tuple[int, int]] = {}    # (old node, output) -> new entry
     names = {n.name for n in graph.nodes}
-    for i, node in enumerate(graph.nodes):
-        inputs = [where[(e.node, e.index)] for e in node.inputs]
-        template = templates.of(i)
-        if template is None:
-            kept.append(node)
-            reads.append(tuple(inputs))
-            infos.append(node.outputs)
-            outs = tuple((len(kept) - 1, k) for k in range(len(node.outputs)))
-        else:
-            first = len(kept)
-            for suffix in template.suffixes:
-                full = f"{node.name}/{suffix}"
-                if full in names:
-                    raise TofuError(f"lowering {node.name!r} emits two nodes named {full!r}")
-                names.add(full)
-            n = len(template.nodes)
-            kept.extend([None] * n)
-            infos.extend([None] * n)
-            reads.extend(template.reads_at(first, inputs))
-            outs = tuple(template.entry(first, inputs, k, j) for k, j in template.outs)
-            _check_outputs(node, outs)
-            spans.append((first, template, inputs, node))
-        where.update(((i, k), r) for k, r in enumerate(outs))
-    heads = [where[(e.node, e.index)] for e in graph.heads]
+
+    def keep(i: int, node: Node, inputs: list) -> tuple:
+        kept.append(node)
+        reads.append(tuple(inputs))
+        infos.append(node.outputs)
+        return tuple((len(kept) - 1, k) for k in range(len(node.outputs)))
+
+    def emit(node: Node, template: _Template, inputs: list) -> tuple:
+        first = len(kept)
+        for suffix in template.suffixes:
+            _claim(names, node.name, suffix)
+        n = len(template.nodes)
+        kept.extend([None] * n)
+        infos.extend([None] * n)
+        reads.extend(template.reads_at(first, inputs))
+        spans.append((first, template, inputs, node))
+        return tuple(template.entry(first, inputs, k, j) for k, j in template.outs)
+    heads = _walk(graph, templates, keep, emit)
     made = _typed_spans(spans, infos)
     order = _mxnet_order(reads, heads)
     position = [-1] * len(kept)
@@ -207,20 +220,16 @@ def _lower_through_json(graph: Graph, templates: "_Templates") -> Graph:
     fields the IR does not model)."""
     js = graph_to_json(graph)
     nodes: list[dict] = []
-    where: dict[tuple[int, int], tuple[int, int]] = {}    # (old node, output) -> new entry
     names = {n.name for n in graph.nodes}
-    for i, node in enumerate(graph.nodes):
-        inputs = [where[(e.node, e.index)] for e in node.inputs]
-        template = templates.of(i)
-        if template is None:
-            nodes.append(dict(js["nodes"][i], inputs=[[src, k, 0] for src, k in inputs]))
-            outs = tuple((len(nodes) - 1, k) for k in range(len(node.outputs)))
-        else:
-            hidden = {k: v for k, v in node.attrs.items() if is_hidden_attr(k)}
-            outs = template.emit(nodes, node, hidden, names, inputs)
-            _check_outputs(node, outs)
-        where.update(((i, k), r) for k, r in enumerate(outs))
-    heads = [where[(e.node, e.index)] for e in graph.heads]
+
+    def keep(i: int, node: Node, inputs: list) -> tuple:
+        nodes.append(dict(js["nodes"][i], inputs=[[src, k, 0] for src, k in inputs]))
+        return tuple((len(nodes) - 1, k) for k in range(len(node.outputs)))
+
+    def emit(node: Node, template: _Template, inputs: list) -> tuple:
+        hidden = {k: v for k, v in node.attrs.items() if is_hidden_attr(k)}
+        return template.emit(nodes, node, hidden, names, inputs)
+    heads = _walk(graph, templates, keep, emit)
     return _reimport(graph, {**js, "nodes": nodes,
                              "heads": [[src, k, 0] for src, k in heads],
                              "arg_nodes": [k for k, n in enumerate(nodes) if n["op"] == "null"]})

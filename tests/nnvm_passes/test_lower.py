@@ -157,3 +157,15 @@ def test_a_hook_may_read_another_output_of_an_input_producer():
     for name, own in (("r1/sum", 1), ("r0/sum", 0)):
         assert [(lowered.nodes[e.node].name, e.index) for e in lowered.node(name).inputs] == \
             [("parts", own), ("parts", 0)]
+
+
+def test_an_emitted_name_the_graph_has_already_is_refused_on_both_routes():
+    """A lowered node's emitted name (``sq/product``) that another node has is refused,
+    whether the graph is built directly or through MXNet's JSON."""
+    with mx.AttrScope(ctx_group="dev1"):
+        sq = mx.sym.square(mx.sym.var("x"), name="sq")
+    y = mx.sym.relu(sq, name="sq/product") + sq
+    g = import_symbol(y, x=(2, 4))
+    for route in (g, through_json(g)):
+        with pytest.raises(TofuError, match="'sq' emits two nodes named 'sq/product'"):
+            lower(route, hooks(square=square_as_product))
