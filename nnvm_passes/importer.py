@@ -16,7 +16,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, SymbolHandle, check_call
 
-from nnvm_passes.ir import (Entry, FrozenDict, Graph, Node, TensorInfo, is_hidden_attr,
+from nnvm_passes.ir import (NO_EXTRA, Entry, FrozenDict, Graph, Node, TensorInfo, is_hidden_attr,
                             parse_attr_value)
 from tofu_mx.errors import (InvalidArgumentError, NotASymbolError, ShapeInferenceError,
                             UnknownInputError)
@@ -27,7 +27,6 @@ LabelInputs = Callable[[str, Mapping[str, Any]], Sequence[int]]
 
 
 _JSON_NODE_KEYS = frozenset(("op", "name", "attrs", "inputs"))
-_NO_EXTRA = FrozenDict()
 
 
 def check_symbol(symbol: Any, what: str = "symbol") -> mx.sym.Symbol:
@@ -357,7 +356,7 @@ def _nodes(js: dict, out_shapes: list, out_types: list[str], kinds: dict[int, st
                 found = attrs[key] = FrozenDict(raw)
         else:
             found = no_attrs
-        extra = _NO_EXTRA if jn.keys() <= _JSON_NODE_KEYS else \
+        extra = NO_EXTRA if jn.keys() <= _JSON_NODE_KEYS else \
             FrozenDict({k: json.dumps(v) for k, v in jn.items() if k not in _JSON_NODE_KEYS})
         nodes.append(Node(jn["name"], jn["op"], found,
                           tuple([Entry(*e) for e in jn["inputs"]]), outputs, kinds.get(i),

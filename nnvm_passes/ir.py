@@ -151,7 +151,8 @@ def _itemsize(dtype: str) -> int:
     return np.dtype(dtype).itemsize
 
 
-_NO_EXTRA = FrozenDict()
+#: the ``extra`` of a node with nothing beyond what the IR models (shared: it is immutable)
+NO_EXTRA = FrozenDict()
 
 
 @dataclass(frozen=True, init=False)
@@ -177,7 +178,7 @@ class Node:
 
     def __init__(self, name: str, op: str, attrs: FrozenDict, inputs: tuple[Entry, ...],
                  outputs: tuple[TensorInfo, ...], kind: str | None = None,
-                 extra: FrozenDict = _NO_EXTRA):
+                 extra: FrozenDict = NO_EXTRA):
         fields = self.__dict__
         fields["name"] = name
         fields["op"] = op

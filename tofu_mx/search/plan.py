@@ -817,7 +817,7 @@ def ideal_memory(graph: Graph, kept: Mapping, options: SearchOptions, k: int) ->
     def nbytes(t: TensorInfo) -> int:
         found = sizes.get(id(t))
         if found is None:
-            found = sizes[id(t)] = math.prod(t.shape) * itemsize_of(t.dtype)
+            found = sizes[id(t)] = t.nbytes
         return found
     total = 0
     for i, node in enumerate(graph.nodes):

@@ -92,7 +92,7 @@ class GraphStructure:
         """:func:`refetches_inputs` of operator ``member`` (cached)."""
         if member not in self.refetching:
             self.refetching[member] = refetches_inputs(graph, member, self.needs_grad,
-                                                       self.backward.get(member, _NO_READS))
+                                                       self.backward.get(member))
         return self.refetching[member]
 
     def ports(self, graph: Graph) -> "Ports":
@@ -198,9 +198,6 @@ def needs_grad_of(graph: Graph) -> dict[tuple[int, int], bool]:
             for k in range(len(node.outputs)):
                 grad[(i, k)] = flows
     return grad
-
-
-_NO_READS: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())
 
 
 def refetches_inputs(graph: Graph, i: int, needs_grad: Mapping[tuple[int, int], bool],
