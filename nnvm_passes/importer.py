@@ -10,6 +10,7 @@ import ctypes
 import difflib
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
 import mxnet as mx
@@ -150,14 +151,16 @@ def all_entries_symbol(js: dict) -> mx.sym.Symbol:
     return mx.sym.load_json(json.dumps(dict(js, heads=heads)))
 
 
-def every_entry_symbol(symbol: mx.sym.Symbol, js: dict) -> mx.sym.Symbol:
+def every_entry_symbol(symbol: mx.sym.Symbol, js: dict,
+                       internals: tuple[mx.sym.Symbol, list[str]] | None = None
+                       ) -> mx.sym.Symbol:
     """:func:`all_entries_symbol` of ``js``, the JSON of ``symbol``, made without a copy
     where MXNet's ``get_internals()`` already lists every entry in ``js``'s order: it leaves
     out hidden outputs (BatchNorm's saved statistics, a pooling workspace), and ``js`` lacks
     removed ``amp_cast`` nodes, so the count and the names are checked first. (Saving and
-    loading the copy took a third of importing 100,000 operators.)"""
-    internals = symbol.get_internals()
-    names = internals.list_outputs()
+    loading the copy took a third of importing 100,000 operators.) ``internals``:
+    :func:`internals_of` ``symbol``, if known."""
+    internals, names = internals_of(symbol) if internals is None else internals
     row_ptr = js["node_row_ptr"]
     if len(names) == row_ptr[-1] and all(
             names[row_ptr[i]] == node["name"] if node["op"] == "null" else
@@ -165,6 +168,12 @@ def every_entry_symbol(symbol: mx.sym.Symbol, js: dict) -> mx.sym.Symbol:
             for i, node in enumerate(js["nodes"])):
         return internals
     return all_entries_symbol(js)
+
+
+def internals_of(symbol: mx.sym.Symbol) -> tuple[mx.sym.Symbol, list[str]]:
+    """``symbol.get_internals()`` and the names of its outputs."""
+    internals = symbol.get_internals()
+    return internals, internals.list_outputs()
 
 
 def _infer_shapes(everything: mx.sym.Symbol, shapes: dict, arg_names: list[str],
@@ -277,6 +286,19 @@ def _data_inputs(symbol: mx.sym.Symbol, shapes: Mapping[str, tuple[int, ...]],
     return [name for name in shapes if name in decided and needed(name)] or list(shapes)
 
 
+def _roles(symbol: mx.sym.Symbol, js: dict, shapes: Mapping[str, tuple[int, ...]],
+           arg_names: list[str], aux_names: list[str], data_names: list[str] | None,
+           label_inputs: LabelInputs | None) -> tuple[set[int], list[str]]:
+    """The label nodes (:func:`_labels`) and the data inputs: ``data_names``, or by default
+    :func:`_data_inputs`."""
+    labels = _labels(js, label_inputs)
+    if data_names is None:
+        decided = set(aux_names) | {js["nodes"][i]["name"] for i in labels} | \
+            {n for n in shapes if n.endswith("label")}
+        data_names = _data_inputs(symbol, shapes, arg_names, decided)
+    return labels, data_names
+
+
 def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = None,
                   data_names: list[str] | None = None, label_inputs: LabelInputs | None = None,
                   **shapes: Any) -> Graph:
@@ -290,35 +312,39 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
     shapes: see :func:`_data_inputs`) and ``param`` (everything else). The caller's symbol is not modified.
     """
     check_symbol(symbol)
-    js = json.loads(symbol_json(symbol))
-    first: dict[str, int] = {}
-    for i, node in enumerate(js["nodes"]):
-        if first.setdefault(node["name"], i) != i:
-            raise InvalidArgumentError(
-                f"the symbol has two nodes named {node['name']!r} (nodes {first[node['name']]} "
-                f"and {i}); MXNet binds variables and tofu_mx places operators by name: give "
-                f"each node its own name")
-    arg_names = symbol.list_arguments()
-    aux_names = symbol.list_auxiliary_states()
-    inputs = arg_names + aux_names
-    dtypes = _check_dtypes(dtypes)
-    _check_names(shapes, inputs, "shape")
-    _check_names(dtypes, inputs, "dtype")
-    shapes = {k: _check_shape(k, v) for k, v in shapes.items()}
-    _check_given_shapes(symbol, shapes, arg_names, aux_names)
-    if data_names is not None:
-        _check_names(dict.fromkeys(data_names), inputs, "data name")
-    type_dict = {k: "float32" for k in shapes}
-    type_dict.update(dtypes)
+    # MXNet's C calls (saving the JSON, listing, inferring) release the GIL: the independent
+    # ones run side by side on two threads (at 100,000 operators they are most of the import)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="tofu_mx-import") as pool:
+        text = pool.submit(symbol_json, symbol)
+        arg_names = symbol.list_arguments()
+        aux_names = symbol.list_auxiliary_states()
+        internals = internals_of(symbol)
+        js = json.loads(text.result())
+        first: dict[str, int] = {}
+        for i, node in enumerate(js["nodes"]):
+            if first.setdefault(node["name"], i) != i:
+                raise InvalidArgumentError(
+                    f"the symbol has two nodes named {node['name']!r} (nodes "
+                    f"{first[node['name']]} and {i}); MXNet binds variables and tofu_mx places "
+                    f"operators by name: give each node its own name")
+        inputs = arg_names + aux_names
+        dtypes = _check_dtypes(dtypes)
+        _check_names(shapes, inputs, "shape")
+        _check_names(dtypes, inputs, "dtype")
+        shapes = {k: _check_shape(k, v) for k, v in shapes.items()}
+        _check_given_shapes(symbol, shapes, arg_names, aux_names)
+        if data_names is not None:
+            _check_names(dict.fromkeys(data_names), inputs, "data name")
+        type_dict = {k: "float32" for k in shapes}
+        type_dict.update(dtypes)
 
-    everything = every_entry_symbol(symbol, js)
-    out_shapes = _infer_shapes(everything, shapes, arg_names, aux_names)
-    out_types = _infer_dtypes(everything, type_dict)
-    labels = _labels(js, label_inputs)
-    if data_names is None:
-        decided = set(aux_names) | {js["nodes"][i]["name"] for i in labels} | \
-            {n for n in shapes if n.endswith("label")}
-        data_names = _data_inputs(symbol, shapes, arg_names, decided)
+        everything = every_entry_symbol(symbol, js, internals)
+        types = pool.submit(_infer_dtypes, everything, type_dict)
+        roles = pool.submit(_roles, symbol, js, shapes, arg_names, aux_names, data_names,
+                            label_inputs)
+        out_shapes = _infer_shapes(everything, shapes, arg_names, aux_names)
+        out_types = types.result()
+        labels, data_names = roles.result()
     kinds = _classify(js, set(aux_names), set(data_names), labels)
 
     return Graph(nodes=_nodes(js, out_shapes, out_types, kinds),
@@ -334,31 +360,39 @@ def _nodes(js: dict, out_shapes: list, out_types: list[str], kinds: dict[int, st
     attrs: dict[tuple, FrozenDict] = {}
     no_attrs = FrozenDict()
     nodes = []
+    append = nodes.append
     row_ptr = js["node_row_ptr"]
+    get_info, get_attrs, get_kind = infos.get, attrs.get, kinds.get
 
-    def info(shape, dtype) -> TensorInfo:
-        found = infos.get((shape, dtype))
-        if found is None:
-            found = infos[(shape, dtype)] = TensorInfo(tuple([int(d) for d in shape]), dtype)
-        return found
     for i, jn in enumerate(js["nodes"]):
         row, end = row_ptr[i], row_ptr[i + 1]
         if end == row + 1:          # most nodes: one output
-            outputs = (info(out_shapes[row], out_types[row]),)
+            key = (out_shapes[row], out_types[row])
+            found = get_info(key)
+            if found is None:
+                found = infos[key] = TensorInfo(tuple([int(d) for d in key[0]]), key[1])
+            outputs = (found,)
         else:
-            outputs = tuple([info(shape, dtype) for shape, dtype
-                             in zip(out_shapes[row:end], out_types[row:end])])
+            outputs = []
+            for key in zip(out_shapes[row:end], out_types[row:end]):
+                found = get_info(key)
+                if found is None:
+                    found = infos[key] = TensorInfo(tuple([int(d) for d in key[0]]), key[1])
+                outputs.append(found)
+            outputs = tuple(outputs)
         raw = jn.get("attrs")
         if raw:
             key = tuple(raw.items())
-            found = attrs.get(key)
+            found = get_attrs(key)
             if found is None:
                 found = attrs[key] = FrozenDict(raw)
         else:
             found = no_attrs
-        extra = NO_EXTRA if jn.keys() <= _JSON_NODE_KEYS else \
+        # MXNet writes "op", "name" and "inputs" for every node: anything beyond those and
+        # "attrs" is extra (counted, as testing the keys as a set took a fifth of the loop)
+        extra = NO_EXTRA if len(jn) == (4 if raw is not None else 3) else \
             FrozenDict({k: json.dumps(v) for k, v in jn.items() if k not in _JSON_NODE_KEYS})
-        nodes.append(Node(jn["name"], jn["op"], found,
-                          tuple([Entry(*e) for e in jn["inputs"]]), outputs, kinds.get(i),
-                          extra))
+        ins = jn["inputs"]
+        append(Node(jn["name"], jn["op"], found,
+                    tuple([Entry(*e) for e in ins]) if ins else (), outputs, get_kind(i), extra))
     return tuple(nodes)

@@ -244,10 +244,27 @@ class Cut:
                 copies.append(owner[i])
         positions = [self._positions(c) for c in copies]
         self._key_copies(copies, positions)
-        if not tie or not any(len({owner[m][0] for m in ms}) > 1
-                              for ms in self.structure.shared_params):
-            return [Group([c]) for c in copies]    # no parameter is read by two copies
-        return self._tie(copies, positions)
+        if not tie or not self.structure.shared_params:
+            return [Group([c]) for c in copies]     # no parameter is read twice
+        ids: dict[tuple, int] = {}
+        signature = [ids.setdefault(tuple(zip((self._kind_of[m] for m in copy), wiring)),
+                                    len(ids)) for copy, wiring in zip(copies, positions)]
+        if not self._may_tie(owner, copies, signature):
+            return [Group([c]) for c in copies]
+        return self._tie(copies, signature)
+
+    def _may_tie(self, owner: dict[int, list[int]], copies: list[list[int]],
+                 signature: list[int]) -> bool:
+        """Whether two copies of one signature read one parameter: where ties start
+        (:func:`tofu_mx.search.ties.tie` ties nothing otherwise)."""
+        copy_of = {id(c): k for k, c in enumerate(copies)}
+        for readers in self.structure.shared_params:
+            seen: dict[int, int] = {}
+            for m in readers:
+                k = copy_of[id(owner[m])]
+                if seen.setdefault(signature[k], k) != k:
+                    return True
+        return False
 
     def _positions(self, copy: list[int]) -> tuple:
         """For each member, the position in ``copy`` of its first input's producer (None for
@@ -267,12 +284,9 @@ class Cut:
             key = tuple((self._shape_id[m], outputs_id[m], p) for m, p in zip(copy, wiring))
             self._copy_keys[copy[0]] = ids.setdefault(key, len(ids))
 
-    def _tie(self, copies: list[list[int]], positions: list[tuple]) -> list[Group]:
+    def _tie(self, copies: list[list[int]], signature: list[int]) -> list[Group]:
         """Tie the copies of an unrolled RNN step (:func:`tofu_mx.search.ties.tie`), or reuse
         the ties of an earlier level with the same followers and signatures."""
-        ids: dict[tuple, int] = {}
-        signature = [ids.setdefault(tuple(zip((self._kind_of[m] for m in copy), wiring)),
-                                    len(ids)) for copy, wiring in zip(copies, positions)]
         key = (tuple(self.follow), tuple(signature))
         families = self.structure.tie_memo.get(key)
         if families is None:
