@@ -241,16 +241,21 @@ def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool],
     held: set[tuple[int, int]] = set()    # (mirrored node, input position) already followed
 
     def hold(e, reader: int) -> None:
-        """``reader`` (or, when marked, its copy) reads entry ``e`` in the backward pass."""
-        if nodes[e.node].op == "null":      # a variable
-            return
-        if reader not in mirrored or e.node not in mirrored:
-            kept.setdefault((e.node, e.index), set()).add(reader)
-            return
-        for p, inner in enumerate(graph.nodes[e.node].inputs):   # the copy's input, in turn
-            if (e.node, p) not in held:
-                held.add((e.node, p))
-                hold(inner, e.node)
+        """``reader`` (or, when marked, its copy) reads entry ``e`` in the backward pass.
+        (A loop over pending reads, not recursion: a recursive inner function would make a
+        reference cycle, keeping the graph alive until the garbage collector finds it.)"""
+        pending = [(e, reader)]
+        while pending:
+            e, reader = pending.pop()
+            if nodes[e.node].op == "null":      # a variable
+                continue
+            if reader not in mirrored or e.node not in mirrored:
+                kept.setdefault((e.node, e.index), set()).add(reader)
+                continue
+            for p, inner in enumerate(nodes[e.node].inputs):   # the copy's input, in turn
+                if (e.node, p) not in held:
+                    held.add((e.node, p))
+                    pending.append((inner, e.node))
 
     if reads is None:
         reads = gradient_reads(graph, grads)

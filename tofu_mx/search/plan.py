@@ -693,7 +693,9 @@ def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions
         budgets_of(memory_budget, num_devices)    # before the import, which may take a while
     with _collector_paused():       # import and lowering too make objects by the million
         graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), num_devices)
-        return plan_graph(graph, num_devices, memory_budget=memory_budget, options=options)
+        found = plan_graph(graph, num_devices, memory_budget=memory_budget, options=options)
+        del graph
+    return found
 
 
 def lower_graph(graph: Graph, num_devices: int) -> Graph:
