@@ -773,9 +773,7 @@ def _small_weights(graph: Graph, num_devices: int, options: SearchOptions,
         return frozenset(), 0.0
     structure = shared.structure
     sizes: dict[tuple[int, int], int] = {}
-    for i in structure.ops:
-        if not structure.refetches(graph, i):
-            continue
+    for i in structure.refetching:
         for j, e in enumerate(graph.nodes[i].inputs):
             if graph.nodes[e.node].kind == "param" and structure.keeps_input(graph, i, j):
                 t = graph.tensor(e)
@@ -886,8 +884,7 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
     memory = _memory(graph, tensors, shared.kept, options, num_devices)
     kept, saved = _keep_small(graph, results, options.keep_share * memory[0].total - used
                               if options.refetch else 0)
-    readers = {(graph.nodes[i].name, j) for i in shared.structure.ops
-               if shared.structure.refetches(graph, i)
+    readers = {(graph.nodes[i].name, j) for i in shared.structure.refetching
                for j, e in enumerate(graph.nodes[i].inputs) if (e.node, e.index) in weights}
     kept = tuple(sorted(set(kept) | readers))
     levels = tuple(dataclasses.replace(lv, bytes_per_group=lv.bytes_per_group - s)

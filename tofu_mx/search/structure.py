@@ -42,8 +42,9 @@ class GraphStructure:
     facts_of_tensors: tuple[tuple[int, bool], ...]   # that id -> (itemsize, needs gradient)
     backward: Mapping[int, tuple[frozenset[int], frozenset[int]]]   # operator with a gradient
     #                                   node -> the input and output positions it reads
+    refetching: frozenset[int]    # operators that re-fetch their converted inputs for the
+    #                               backward pass (:func:`refetches_inputs`), if asked to
     tie_memo: dict = field(default_factory=dict, compare=False, repr=False)
-    refetching: dict = field(default_factory=dict, compare=False, repr=False)
     port_memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
@@ -76,24 +77,19 @@ class GraphStructure:
             ins = inputs[i] = tuple([(e.node, e.index) for e in node.inputs])
             if ins and ins[0][1] == 0 and len(outputs) == 1 and not nodes[ins[0][0]].is_variable:
                 may_follow.append(i)
+        backward = gradient_reads(graph, grad)
         return GraphStructure(tuple(outputs_id),
                               tuple(i for i, n in enumerate(nodes) if n.is_variable), grad,
                               itemsize, frozenset(may_follow), outputs_id,
                               _shared_params(nodes, inputs),
-                              inputs, tensor_facts, tuple(facts), gradient_reads(graph, grad))
+                              inputs, tensor_facts, tuple(facts), backward,
+                              _refetching(graph, backward))
 
     def keeps_input(self, graph: Graph, member: int, j: int) -> bool:
         """Whether operator ``member``'s gradient reads its input ``j`` (so a converted copy
         of it lives until the backward pass)."""
         reads = self.backward.get(member)
         return reads is not None and j in reads[0]
-
-    def refetches(self, graph: Graph, member: int) -> bool:
-        """:func:`refetches_inputs` of operator ``member`` (cached)."""
-        if member not in self.refetching:
-            self.refetching[member] = refetches_inputs(graph, member, self.needs_grad,
-                                                       self.backward.get(member))
-        return self.refetching[member]
 
     def ports(self, graph: Graph) -> "Ports":
         """The graph's operator inputs and tensors as arrays (:class:`Ports`), made once."""
@@ -111,7 +107,7 @@ class GraphStructure:
         if key not in self.port_memo:
             again, kept = [], []
             for i in self.ops:
-                refetches = refetch and self.refetches(graph, i)
+                refetches = refetch and i in self.refetching
                 for j, tensor in enumerate(self.inputs[i]):
                     twice = refetches and tensor not in kept_tensors
                     again.append(twice)
@@ -198,6 +194,28 @@ def needs_grad_of(graph: Graph) -> dict[tuple[int, int], bool]:
             for k in range(len(node.outputs)):
                 grad[(i, k)] = flows
     return grad
+
+
+def _refetching(graph: Graph, backward: Mapping[int, tuple[frozenset[int], frozenset[int]]]
+                ) -> frozenset[int]:
+    """The operators :func:`refetches_inputs` holds true of, found in one pass:
+    ``backward`` (:func:`~nnvm_passes.backward.gradient_reads`) has the operators with a
+    gradient, and what each reads."""
+    current = generation()
+    runs: dict[tuple, bool] = {}        # (operator, attributes) -> whether it may run again
+    nodes = graph.nodes
+    found = []
+    for i, (ins, _) in backward.items():
+        if not ins:
+            continue
+        node = nodes[i]
+        key = (node.op, node.attrs)
+        again = runs.get(key)
+        if again is None:
+            again = runs[key] = _may_run_again(node.op, node.attrs, current)
+        if again and not any(nodes[e.node].kind == "aux" for e in node.inputs):
+            found.append(i)
+    return frozenset(found)
 
 
 def refetches_inputs(graph: Graph, i: int, needs_grad: Mapping[tuple[int, int], bool],

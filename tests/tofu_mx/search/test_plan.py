@@ -526,3 +526,17 @@ def test_graph_fingerprint_is_the_digest_saved_plans_hold():
     for g in (graph, odd):
         assert graph_fingerprint(g) == _fingerprint_as_json_dumps(g)
     assert len(seen | {graph_fingerprint(graph), graph_fingerprint(odd)}) == len(seen) + 2
+
+
+@pytest.mark.parametrize("sym, shapes", [
+    (models.wresnet(50, 1), models.input_shapes("wresnet", 8)),
+    (models.rnn(2, 32, 4, 50), models.input_shapes("rnn", 8, seq_len=4)),
+    (models.transformer(1, 32, 4, 8, 50), models.input_shapes("transformer", 8, seq_len=8)),
+])
+def test_the_refetching_operators_are_those_refetches_inputs_names(sym, shapes):
+    from tofu_mx.search.structure import GraphStructure, refetches_inputs
+    graph = lower_graph(import_symbol(sym, **shapes), 4)
+    structure = GraphStructure.of(graph)
+    one_by_one = {i for i in structure.ops if refetches_inputs(graph, i, structure.needs_grad)}
+    assert structure.refetching == one_by_one
+    assert one_by_one and len(one_by_one) < len(structure.ops)   # both answers occur
