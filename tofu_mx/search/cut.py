@@ -69,7 +69,7 @@ class View:
     op_in: dict[int, tuple[Shape, ...]]
     op_out: dict[int, tuple[Shape, ...]]
     var: dict[int, Shape]
-    shard: dict[tuple[int, int], Shape]
+    shard: dict[int, tuple[Shape, ...]]     # operator -> the stored shard of each output
     #: operator -> its loop variables that an earlier cut split unevenly: the work view has
     #: their largest part, and some part may be one shorter
     short: Mapping[int, frozenset[str]] = field(default_factory=dict)
@@ -77,10 +77,11 @@ class View:
     @staticmethod
     def of(graph: Graph) -> "View":
         ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
+        op_out = {i: tuple(t.shape for t in graph.nodes[i].outputs) for i in ops}
         return View({i: tuple(graph.tensor(e).shape for e in graph.nodes[i].inputs) for i in ops},
-                    {i: tuple(t.shape for t in graph.nodes[i].outputs) for i in ops},
+                    op_out,
                     {i: n.outputs[0].shape for i, n in enumerate(graph.nodes) if n.is_variable},
-                    {(i, k): t.shape for i in ops for k, t in enumerate(graph.nodes[i].outputs)})
+                    op_out)     # at the graph's own shapes, what is computed is stored
 
 
 def op_strategies(graph: Graph, index: int, view: View, parts: int) -> list[Strategy]:
@@ -215,16 +216,16 @@ class Cut:
                                      short.get(i) if short else None), len(kinds))
             if kind == len(strategies):
                 strategies.append(op_strategies(self.graph, i, view, self.parts))
-            shards = (shard[(i, 0)],) if len(node.outputs) == 1 else \
-                tuple([shard[(i, k)] for k in range(len(node.outputs))])
             kind_of[i] = kind
-            shape_id[i] = shapes.setdefault((kind, shards), len(shapes))
+            shape_id[i] = shapes.setdefault((kind, shard[i]), len(shapes))
             strats[i] = strategies[kind]
 
     # --- coarsening -------------------------------------------------------------------------
     def _coarsen(self, tie: bool) -> list[Group]:
-        owner: dict[int, list[int]] = {}
         copies: list[list[int]] = []
+        positions: list[list[int | None]] = []    # each copy's wiring (see _key_copies)
+        copy_of: dict[int, int] = {}     # operator -> its copy
+        at: dict[int, int] = {}          # operator -> its position in its copy
         rules: dict[int, dict[int, int] | None] = {}     # kind -> its rule
         nodes, view, may_follow = self.graph.nodes, self.view, self.structure.may_follow
         for i in self.ops:
@@ -235,53 +236,46 @@ class Cut:
                     rules[kind] = _preserves_layout(self.strats[i], view.op_in[i][0],
                                                     view.op_out[i][0], self.parts)
                 rule = rules[kind]
-            if rule is not None:
+            if rule is not None:     # it joins the copy of its first input's producer
                 self.follow[i] = rule
-                owner[i] = owner[nodes[i].inputs[0].node]
-                owner[i].append(i)
+                src = nodes[i].inputs[0].node
+                c = copy_of[i] = copy_of[src]
+                at[i] = len(copies[c])
+                copies[c].append(i)
+                positions[c].append(at[src])
             else:
-                owner[i] = [i]
-                copies.append(owner[i])
-        positions = [self._positions(c) for c in copies]
+                copy_of[i], at[i] = len(copies), 0
+                copies.append([i])
+                positions.append([None])
         self._key_copies(copies, positions)
         if not tie or not self.structure.shared_params:
             return [Group([c]) for c in copies]     # no parameter is read twice
         ids: dict[tuple, int] = {}
         signature = [ids.setdefault(tuple(zip((self._kind_of[m] for m in copy), wiring)),
                                     len(ids)) for copy, wiring in zip(copies, positions)]
-        if not self._may_tie(owner, copies, signature):
+        if not self._may_tie(copy_of, signature):
             return [Group([c]) for c in copies]
         return self._tie(copies, signature)
 
-    def _may_tie(self, owner: dict[int, list[int]], copies: list[list[int]],
-                 signature: list[int]) -> bool:
+    def _may_tie(self, copy_of: dict[int, int], signature: list[int]) -> bool:
         """Whether two copies of one signature read one parameter: where ties start
         (:func:`tofu_mx.search.ties.tie` ties nothing otherwise)."""
-        copy_of = {id(c): k for k, c in enumerate(copies)}
         for readers in self.structure.shared_params:
             seen: dict[int, int] = {}
             for m in readers:
-                k = copy_of[id(owner[m])]
+                k = copy_of[m]
                 if seen.setdefault(signature[k], k) != k:
                     return True
         return False
 
-    def _positions(self, copy: list[int]) -> tuple:
-        """For each member, the position in ``copy`` of its first input's producer (None for
-        the leader): the copy's wiring."""
-        if len(copy) == 1:
-            return (None,)
-        position = {m: k for k, m in enumerate(copy)}
-        nodes = self.graph.nodes
-        return tuple(position.get(nodes[m].inputs[0].node) if nodes[m].inputs else None
-                     for m in copy)
-
-    def _key_copies(self, copies: list[list[int]], positions: list[tuple]) -> None:
-        """Each copy's structure id: its members' shape ids, dtypes, gradients and wiring."""
+    def _key_copies(self, copies: list[list[int]], positions: list[list]) -> None:
+        """Each copy's structure id: its members' shape ids, dtypes, gradients and wiring
+        (for each member, the position in its copy of its first input's producer; None for
+        the leader)."""
         ids: dict[tuple, int] = {}
-        outputs_id = self.structure.outputs_id
+        outputs_id, shape_id = self.structure.outputs_id, self._shape_id
         for copy, wiring in zip(copies, positions):
-            key = tuple((self._shape_id[m], outputs_id[m], p) for m, p in zip(copy, wiring))
+            key = tuple([(shape_id[m], outputs_id[m], p) for m, p in zip(copy, wiring)])
             self._copy_keys[copy[0]] = ids.setdefault(key, len(ids))
 
     def _tie(self, copies: list[list[int]], signature: list[int]) -> list[Group]:
@@ -318,7 +312,7 @@ class Cut:
     def _layouts_for(self, member: int, j: int) -> tuple[StoreLayout, ...]:
         """Layouts output ``j`` may be stored in: axes the cut divides in its work view and in
         its stored shard alike."""
-        return _storable(self.view.op_out[member][j], self.view.shard[(member, j)], self.parts)
+        return _storable(self.view.op_out[member][j], self.view.shard[member][j], self.parts)
 
     def _as_computed(self, s: Strategy, j: int, member: int) -> StoreLayout | None:
         """The split output ``j`` is computed in, when it can be stored that way (no move)."""
@@ -865,12 +859,7 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
         key = (cut._shape_id[i], id(chosen))
         if key not in found:
             found[key] = _next_shapes(cut, i, *chosen)
-        shards, op_in[i], op_out[i] = found[key]
-        if len(shards) == 1:
-            shard[(i, 0)] = shards[0]
-        else:
-            for k, shape in enumerate(shards):
-                shard[(i, k)] = shape
+        shard[i], op_in[i], op_out[i] = found[key]
         if chosen[0].uneven:
             short[i] = short.get(i, frozenset()) | {chosen[0].var}
     shapes: dict[tuple[int, int], tuple] = {}
@@ -890,7 +879,7 @@ def _next_shapes(cut: Cut, i: int, s: Strategy, stored: tuple) -> tuple:
     """``(stored shards, work-view inputs, work-view outputs)`` of operator ``i`` next level."""
     shards = []
     for k, layout in enumerate(stored):
-        shape = list(cut.view.shard[(i, k)])
+        shape = list(cut.view.shard[i][k])
         if layout[0] == "split":
             shape[layout[1]] //= cut.parts
         shards.append(tuple(shape))
