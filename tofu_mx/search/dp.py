@@ -266,14 +266,16 @@ def _exact(problem: Problem) -> bool:
     total = float(np.abs(unary).sum())
     # each distinct matrix once (edges share them), with the number of edges using it
     matrices = [m for _, _, m in problem.edges]
+    if not matrices:
+        return total < _EXACT_BOUND
     ids, first, count = np.unique(np.array([id(m) for m in matrices], dtype=np.uint64),
                                   return_index=True, return_counts=True)
-    for k, times in zip(first.tolist(), count.tolist()):
-        m = matrices[k]
-        if not np.array_equal(m, np.floor(m)):
-            return False
-        total += times * float(np.abs(m).sum())
-    return total < _EXACT_BOUND
+    distinct = [matrices[k] for k in first.tolist()]
+    values = np.concatenate([m.ravel() for m in distinct])
+    if not np.array_equal(values, np.floor(values)):
+        return False
+    sums = np.add.reduceat(np.abs(values), np.cumsum([0] + [m.size for m in distinct[:-1]]))
+    return total + float(np.dot(count, sums)) < _EXACT_BOUND
 
 
 @dataclass(frozen=True)

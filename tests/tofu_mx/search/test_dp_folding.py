@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tofu_mx.search import dp
-from tofu_mx.search.problem import make_problem
+from tofu_mx.search.problem import make_indexed_problem, make_problem
 
 
 def leafy_problem(rng, n):
@@ -43,3 +43,13 @@ def test_only_exact_costs_are_folded():
     assert not dp._exact(p)
     assert dp._exact(make_problem(["a"], [("x",)], [np.array([3.0])], []))
     assert not dp._exact(make_problem(["a"], [("x",)], [np.array([2.0 ** 60])], []))
+    # a fractional pair cost; a matrix shared by edges, counted once per edge
+    two = [("x", "y")] * 2
+    assert not dp._exact(make_problem(["a", "b"], two, [np.zeros(2)] * 2,
+                                      [(0, 1, np.array([[0, 1], [2, 2.5]]))]))
+    big = np.full((2, 2), 2.0 ** 48)      # 4 * 2**48 = 2**50 per edge
+    for edges, exact in ((3, True), (4, False)):
+        p = make_indexed_problem(["v"] + [f"u{k}" for k in range(edges)], two * (edges + 1),
+                                 [np.zeros(2)] * (edges + 1), np.zeros(edges, dtype=int),
+                                 np.arange(1, edges + 1), np.zeros(edges, dtype=int), [big])
+        assert len({id(m) for _, _, m in p.edges}) == 1 and dp._exact(p) == exact
