@@ -123,8 +123,8 @@ class Group:
     """Operators sharing one choice: ``copies[c]`` is one copy's members in graph order."""
 
     copies: list[list[int]]
-    choices: list[tuple[int, StoreLayout | None]] = field(default_factory=list)
-    labels: list[str] = field(default_factory=list)
+    choices: tuple[tuple[int, StoreLayout | None], ...] = ()
+    labels: tuple[str, ...] = ()
 
     @property
     def first(self) -> int:
@@ -338,9 +338,7 @@ class Cut:
                     choices.append((k, layout))
                     labels.append(f"{s.name} -> {layout_name(layout)}")
             self._choice_sets[shape_id] = (tuple(choices), tuple(labels))
-        choices, labels = self._choice_sets[shape_id]
-        group.choices.extend(choices)
-        group.labels.extend(labels)
+        group.choices, group.labels = self._choice_sets[shape_id]   # shared, immutable
 
     # --- resolving a choice -----------------------------------------------------------------
     def resolve(self, group: Group, choice: int) -> dict[int, tuple[Strategy, tuple]]:
@@ -469,7 +467,7 @@ class Cut:
                 if found is None:
                     layouts = self.var_layouts[obj]
                     found = variable_choices[key] = (
-                        [layout_name(x) for x in layouts], tuple(layouts),
+                        tuple([layout_name(x) for x in layouts]), tuple(layouts),
                         np.zeros(len(layouts)), self.memory_weight * key[2] * np.array(
                             [_excess(x, key[0], key[1], self.parts) for x in layouts]))
                 choices.append(found[0])

@@ -65,34 +65,49 @@ def make_indexed_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
     """:func:`make_problem` of the edges ``(u[e], v[e], matrices[which[e]])``, summed in the
     same order (so the same floating-point values), with the edges as arrays: for problems
     of hundreds of thousands of edges sharing a few matrices. A node's unary cost is copied
-    only where a self edge adds to it; the matrices are used as given (read-only)."""
+    only where a self edge adds to it (once per distinct cost and self edges: the result is
+    shared, read-only); the matrices are used as given (read-only)."""
     unary = list(unary)
     u, v, which = (np.asarray(x, dtype=np.int64) for x in (u, v, which))
     self_edge = u == v
-    copied = set()
+    adds: dict[int, list[int]] = {}     # node -> the matrices of its self edges, in order
     for node, m in zip(u[self_edge].tolist(), which[self_edge].tolist()):
-        if node not in copied:
-            unary[node] = np.array(unary[node], dtype=np.float64)
-            copied.add(node)
-        unary[node] += matrices[m].diagonal()
+        adds.setdefault(node, []).append(m)
+    # nodes sharing a unary cost (one array) and self edges share the sum too (read-only);
+    # the memo keeps each array it is keyed by alive, so that the id stays its own
+    summed: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    for node, ms in adds.items():
+        key = (id(unary[node]), tuple(ms))
+        found = summed.get(key)
+        if found is None:
+            total = np.array(unary[node], dtype=np.float64)
+            for m in ms:
+                total += matrices[m].diagonal()
+            total.flags.writeable = False
+            found = summed[key] = (total, unary[node])
+        unary[node] = found[0]
     u, v, which = u[~self_edge], v[~self_edge], which[~self_edge]
     low, high, flip = np.minimum(u, v), np.maximum(u, v), u > v
     order = np.lexsort((np.arange(len(low)), high, low))    # by (u, v), then as given
     low, high, flip, which = low[order], high[order], flip[order], which[order]
     first = np.ones(len(low), dtype=bool)
     first[1:] = (low[1:] != low[:-1]) | (high[1:] != high[:-1])
-    starts = np.flatnonzero(first).tolist()
-    ends = starts[1:] + [len(low)]
-    low_, high_, which_ = low.tolist(), high.tolist(), which.tolist()
-    # each matrix as float64 once, and its transpose (shared, as the matrices are)
-    oriented = ([np.asarray(m, dtype=np.float64) for m in matrices],)
-    oriented += ([m.T for m in oriented[0]],)
-    side = flip.astype(np.int64).tolist()
-    edges = []
-    for a, b in zip(starts, ends):
-        m = oriented[side[a]][which_[a]]
-        for e in range(a + 1, b):
-            m = m + oriented[side[e]][which_[e]]
-        edges.append((low_[a], high_[a], m))
+    starts = np.flatnonzero(first)
+    # each matrix as float64 once, then each transposed (shared, as the matrices are): an
+    # edge's oriented matrix is number ``which`` (+ the count, flipped) of these
+    oriented = [np.asarray(m, dtype=np.float64) for m in matrices]
+    oriented += [m.T for m in oriented]
+    pick = (which + flip * (len(oriented) // 2)).tolist()
+    chosen = list(map(oriented.__getitem__, pick))
+    found = [chosen[a] for a in starts.tolist()]
+    # parallel edges (the rest of a run of one (u, v)) summed onto its first, in order
+    counts = np.diff(np.append(starts, len(low)))
+    for k in np.flatnonzero(counts > 1).tolist():
+        a = int(starts[k])
+        m = chosen[a]
+        for e in range(a + 1, a + int(counts[k])):
+            m = m + chosen[e]
+        found[k] = m
+    edges = list(zip(low[starts].tolist(), high[starts].tolist(), found))
     return Problem(tuple(names), tuple(tuple(c) for c in choices),
                    tuple(np.asarray(c, dtype=np.float64) for c in unary), tuple(edges))

@@ -63,6 +63,10 @@ def test_indexed_problem_is_make_problem_to_the_last_bit():
         n = int(rng.integers(1, 5))     # few nodes: many parallel edges, summed in order
         choices = [tuple(f"c{k}" for k in range(rng.integers(1, 4))) for _ in range(n)]
         unary = [rng.random(len(c)) / 3 for c in choices]
+        for i in range(1, n):       # nodes sharing one cost array, as a cut's do
+            same = [j for j in range(i) if len(choices[j]) == len(choices[i])]
+            if same and rng.random() < 0.5:
+                unary[i] = unary[int(rng.choice(same))]
         before = [u.copy() for u in unary]
         matrices, u, v, which = [], [], [], []
         for _ in range(int(rng.integers(0, 8 * n + 1))):
