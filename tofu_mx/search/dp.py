@@ -157,15 +157,8 @@ class _Schedule:
         v = np.fromiter([e[1] for e in edges], dtype=np.int64, count=len(edges))
         last = np.arange(n, dtype=np.int64)
         np.maximum.at(last, u, v)
-        leaving: list = [()] * n
         several = np.flatnonzero(count_array > 1)     # a node with one choice takes no axis
-        by_last = several[np.argsort(last[several], kind="stable")]
-        for x, at in zip(by_last.tolist(), last[by_last].tolist()):
-            if leaving[at]:
-                leaving[at].append(x)
-            else:
-                leaving[at] = [x]
-        return _Schedule(counts, count_array, (u, v), last, leaving)
+        return _Schedule(counts, count_array, (u, v), last, _leaving(several, last, n))
 
     def neighbours(self, problem: Problem) -> list[list[tuple[int, np.ndarray]]]:
         """v -> (u, m[x_u, x_v]) for each edge (u, v), u < v, in edge order."""
@@ -193,24 +186,35 @@ def _eliminate(problem: Problem, schedule: "_Schedule", max_states: int,
     """The recurrence of the module's docstring, in the problem's own node order (with the
     nodes :class:`_Folding` takes out beforehand when the arithmetic is exact)."""
     widest, most = _frontier_bounds(problem, schedule, max_states, progress)
-    folding = _Folding.of(problem, schedule) if _exact(problem) else \
-        _Folding.none(problem, schedule)
+    exact = _exact(problem)
+    folding = _Folding.of(problem, schedule) if exact else _Folding.none(problem, schedule)
     n = len(problem.names)
     table = np.zeros(())                  # D over the frontier's axes
     frontier: list[int] = []
     eliminated: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (node, axes left, argmin)
     kept = folding.kept
     unary, neighbours, counts = folding.unary, folding.neighbours, schedule.counts
-    for v, leaving in enumerate(schedule.leaving):
+    for v, leaving in enumerate(folding.leaving):
         if kept[v]:
-            table = _add_node(table, frontier, v, unary[v], neighbours[v], counts)
+            edges = neighbours[v]
+            if exact and len(frontier) == 1 and len(edges) == 1 and len(leaving) == 1 and \
+                    edges[0][0] == frontier[0] == leaving[0]:
+                # a step along a chain: v's one edge is to the frontier's one node u, which
+                # leaves at v. With exact sums the order of the additions does not matter:
+                # min over x_u of D(x_u) + pair(x_u, x_v), then v's own cost
+                u = frontier[0]
+                step = table[:, None] + edges[0][1]
+                eliminated.append((u, (v,), step.argmin(0)))
+                table = np.minimum.reduce(step, 0) + unary[v]
+                frontier[0] = v
+                continue
+            table = _add_node(table, frontier, v, unary[v], edges, counts)
         for u in leaving:
-            if kept[u]:
-                axis = frontier.index(u)
-                eliminated.append((u, tuple(frontier[:axis] + frontier[axis + 1:]),
-                                   table.argmin(axis)))
-                table = np.minimum.reduce(table, axis)  # table.min(axis), without its wrapper
-                frontier.pop(axis)
+            axis = frontier.index(u)
+            eliminated.append((u, tuple(frontier[:axis] + frontier[axis + 1:]),
+                               table.argmin(axis)))
+            table = np.minimum.reduce(table, axis)  # table.min(axis), without its wrapper
+            frontier.pop(axis)
     assignment = [0] * n
     for u, axes, argmin in reversed(eliminated):
         assignment[u] = int(argmin[tuple(assignment[a] for a in axes)])
@@ -220,6 +224,19 @@ def _eliminate(problem: Problem, schedule: "_Schedule", max_states: int,
             assignment[us] = argmin[np.arange(len(us)), assignment[vs]]
         assignment = assignment.tolist()
     return Solution(float(table) + folding.constant, tuple(assignment), widest, most)
+
+
+def _leaving(nodes: np.ndarray, last: np.ndarray, n: int) -> list:
+    """v -> those of ``nodes`` (in index order) whose last neighbour is v, in index order (an
+    empty tuple: none)."""
+    leaving: list = [()] * n
+    by_last = nodes[np.argsort(last[nodes], kind="stable")]
+    for x, at in zip(by_last.tolist(), last[by_last].tolist()):
+        if leaving[at]:
+            leaving[at].append(x)
+        else:
+            leaving[at] = [x]
+    return leaving
 
 
 def _frontier_bounds(problem: Problem, schedule: _Schedule, max_states: int,
@@ -293,6 +310,8 @@ class _Folding:
     """
 
     kept: list[bool]                     # node -> whether the DP takes it
+    leaving: list                        # v -> the kept nodes of more than one choice whose
+    #                                      last neighbour is v, in index order (or empty)
     unary: list                          # node -> its unary cost, with what was moved onto it
     neighbours: list                     # v -> edges (u, m) between kept nodes, by later end
     #                                      (an empty tuple: none)
@@ -302,7 +321,7 @@ class _Folding:
 
     @staticmethod
     def none(problem: Problem, schedule: _Schedule) -> "_Folding":
-        return _Folding([True] * len(problem.names), list(problem.unary),
+        return _Folding([True] * len(problem.names), schedule.leaving, list(problem.unary),
                         schedule.neighbours(problem), [], 0.0)
 
     @staticmethod
@@ -323,9 +342,9 @@ class _Folding:
         for shape in np.unique(shapes).tolist():
             group = np.flatnonzero(shapes == shape)
             us, vs = leaf[group], target[group]
-            pairs = np.stack([matrices[e] if first else matrices[e].T for e, first in
-                              zip(leaf_edge[group].tolist(), leaf_first[group].tolist())])
-            cost = np.stack([problem.unary[u] for u in us.tolist()])[:, :, None] + pairs
+            edges, firsts = leaf_edge[group].tolist(), leaf_first[group].tolist()
+            pairs = _stack_distinct([matrices[e] for e in edges], firsts)
+            cost = _stack_distinct([problem.unary[u] for u in us.tolist()])[:, :, None] + pairs
             best, argmin = cost.min(axis=1), cost.argmin(axis=1)      # [leaf, x_v]
             fixed = one[vs]
             constant += float(best[fixed, 0].sum())
@@ -337,14 +356,14 @@ class _Folding:
         one_u, one_v = one[eu], one[ev]
         for e in np.flatnonzero(stays & one_u & one_v).tolist():
             constant += float(matrices[e][0, 0])
-        for ends, rows, other in ((ev, lambda m: m[0], one_u & ~one_v),
-                                  (eu, lambda m: m[:, 0], one_v & ~one_u)):
+        for ends, first, other in ((ev, True, one_u & ~one_v), (eu, False, one_v & ~one_u)):
             edges = np.flatnonzero(stays & other)
             by_length: dict[int, list[int]] = {}
             for e, length in zip(edges.tolist(), count[ends[edges]].tolist()):
                 by_length.setdefault(length, []).append(e)
-            for es in by_length.values():
-                additions.append((ends[es], np.stack([rows(matrices[e]) for e in es])))
+            for es in by_length.values():    # each matrix's row (first) or column of choice 0
+                stacked = _stack_distinct([matrices[e] for e in es], [first] * len(es))
+                additions.append((ends[es], stacked[:, 0, :]))
         for targets, rows in additions:
             if len(targets):
                 np.add.at(flat, starts[targets][:, None] + np.arange(rows.shape[1]), rows)
@@ -355,12 +374,28 @@ class _Folding:
                 neighbours[v].append((u, matrices[e]))
             else:
                 neighbours[v] = [(u, matrices[e])]
-        kept = (~one & ~is_leaf).tolist()
+        taken = ~one & ~is_leaf
+        kept = taken.tolist()
         unary = list(problem.unary)
         bounds = starts.tolist()
-        for v in np.flatnonzero(~one & ~is_leaf).tolist():
+        for v in np.flatnonzero(taken).tolist():
             unary[v] = flat[bounds[v]:bounds[v + 1]]
-        return _Folding(kept, unary, neighbours, chosen, constant)
+        return _Folding(kept, _leaving(np.flatnonzero(taken), schedule.last, n), unary,
+                        neighbours, chosen, constant)
+
+
+def _stack_distinct(arrays: list[np.ndarray], as_given: list[bool] | None = None
+                    ) -> np.ndarray:
+    """``np.stack`` of ``arrays`` (each transposed where ``as_given`` says False), stacking
+    each distinct array object once: problems share their matrices and costs, and stacking
+    tens of thousands of small arrays one by one was most of folding's time."""
+    keys = np.fromiter(map(id, arrays), dtype=np.int64, count=len(arrays)) * 2
+    if as_given is not None:
+        keys += np.array(as_given, dtype=np.int64)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    distinct = [arrays[k] if as_given is None or as_given[k] else arrays[k].T
+                for k in first.tolist()]
+    return np.stack(distinct)[inverse.reshape(-1)]
 
 
 def _flat(unary: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:

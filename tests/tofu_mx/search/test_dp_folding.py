@@ -7,25 +7,41 @@ from tofu_mx.search import dp
 from tofu_mx.search.problem import make_indexed_problem, make_problem
 
 
-def leafy_problem(rng, n):
+def leafy_problem(rng, n, shared=False):
     """Small integer costs (many ties); a chain with nodes of one choice and leaves hanging
-    before and after their neighbours, as variables hang off a graph's operators."""
+    before and after their neighbours, as variables hang off a graph's operators.
+    ``shared``: nodes and edges share cost arrays and matrices, as a cut's problem does."""
     choices = [tuple(f"c{k}" for k in range(rng.integers(1, 4))) for _ in range(n)]
-    unary = [rng.integers(0, 3, len(c)).astype(float) for c in choices]
+    pool: dict[tuple, list] = {}
+
+    def cost(shape):
+        found = pool.setdefault(shape, [])
+        if shared and found and rng.random() < 0.7:
+            return found[int(rng.integers(len(found)))]
+        found.append(rng.integers(0, 3, shape).astype(float))
+        return found[-1]
+    unary = [cost((len(c),)) for c in choices]
     edges = []
     for v in range(1, n):
         u = int(rng.integers(max(0, v - 3), v)) if rng.random() < 0.5 else int(rng.integers(0, n))
         if u != v:
-            edges.append((u, v, rng.integers(0, 3, (len(choices[u]), len(choices[v])))
-                          .astype(float)))
-    return make_problem([f"n{i}" for i in range(n)], choices, unary, edges)
+            edges.append((u, v, cost((len(choices[u]), len(choices[v])))))
+    names = [f"n{i}" for i in range(n)]
+    if not shared:
+        return make_problem(names, choices, unary, edges)
+    matrices = list({id(m): m for _, _, m in edges}.values())
+    index = {id(m): k for k, m in enumerate(matrices)}
+    return make_indexed_problem(names, choices, unary, np.array([u for u, _, _ in edges], int),
+                                np.array([v for _, v, _ in edges], int),
+                                np.array([index[id(m)] for _, _, m in edges], int), matrices)
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("order", ["index", "best"])
-def test_folding_changes_nothing(monkeypatch, order):
+def test_folding_changes_nothing(monkeypatch, order, shared):
     for seed in range(1500):
         rng = np.random.default_rng(seed)
-        p = leafy_problem(rng, int(rng.integers(2, 30)))
+        p = leafy_problem(rng, int(rng.integers(2, 30)), shared)
         try:
             folded = dp.solve_dp(p, max_states=100_000, order=order)
         except dp.SearchTooLargeError:
@@ -34,7 +50,7 @@ def test_folding_changes_nothing(monkeypatch, order):
             m.setattr(dp, "_exact", lambda problem: False)
             full = dp.solve_dp(p, max_states=100_000, order=order)
         assert folded == full, f"reproduce: seed {seed}: rng = np.random.default_rng({seed}); " \
-            f"leafy_problem(rng, int(rng.integers(2, 30)))"
+            f"leafy_problem(rng, int(rng.integers(2, 30)), {shared})"
 
 
 def test_only_exact_costs_are_folded():
