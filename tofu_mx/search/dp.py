@@ -153,8 +153,11 @@ class _Schedule:
         counts = [len(c) for c in problem.choices]
         count_array = np.array(counts, dtype=np.int64)
         edges = problem.edges
-        u = np.fromiter([e[0] for e in edges], dtype=np.int64, count=len(edges))
-        v = np.fromiter([e[1] for e in edges], dtype=np.int64, count=len(edges))
+        if problem.indexed is not None:
+            u, v = problem.indexed.u, problem.indexed.v
+        else:
+            u = np.fromiter([e[0] for e in edges], dtype=np.int64, count=len(edges))
+            v = np.fromiter([e[1] for e in edges], dtype=np.int64, count=len(edges))
         last = np.arange(n, dtype=np.int64)
         np.maximum.at(last, u, v)
         several = np.flatnonzero(count_array > 1)     # a node with one choice takes no axis
@@ -282,12 +285,12 @@ def _exact(problem: Problem) -> bool:
         return False
     total = float(np.abs(unary).sum())
     # each distinct matrix once (edges share them), with the number of edges using it
-    matrices = [m for _, _, m in problem.edges]
-    if not matrices:
+    matrices, which = _edge_matrices(problem)
+    count = np.bincount(which, minlength=len(matrices))
+    used = np.flatnonzero(count)
+    if not len(used):
         return total < _EXACT_BOUND
-    ids, first, count = np.unique(np.array([id(m) for m in matrices], dtype=np.uint64),
-                                  return_index=True, return_counts=True)
-    distinct = [matrices[k] for k in first.tolist()]
+    distinct, count = [matrices[k] for k in used.tolist()], count[used]
     values = np.concatenate([m.ravel() for m in distinct])
     if not np.array_equal(values, np.floor(values)):
         return False
@@ -328,7 +331,7 @@ class _Folding:
     def of(problem: Problem, schedule: _Schedule) -> "_Folding":
         count = schedule.count_array
         n, (eu, ev) = len(count), schedule.ends
-        matrices = [m for _, _, m in problem.edges]
+        matrices, which = _edge_matrices(problem)
         leaf, leaf_edge, leaf_first, target = _leaves(schedule)
         is_leaf = np.zeros(n, dtype=bool)
         is_leaf[leaf] = True
@@ -342,9 +345,9 @@ class _Folding:
         for shape in np.unique(shapes).tolist():
             group = np.flatnonzero(shapes == shape)
             us, vs = leaf[group], target[group]
-            edges, firsts = leaf_edge[group].tolist(), leaf_first[group].tolist()
-            pairs = _stack_distinct([matrices[e] for e in edges], firsts)
-            cost = _stack_distinct([problem.unary[u] for u in us.tolist()])[:, :, None] + pairs
+            pairs = _stack(matrices, which[leaf_edge[group]], leaf_first[group])
+            costs, at = _distinct(problem.unary, us)
+            cost = _stack(costs, at)[:, :, None] + pairs
             best, argmin = cost.min(axis=1), cost.argmin(axis=1)      # [leaf, x_v]
             fixed = one[vs]
             constant += float(best[fixed, 0].sum())
@@ -355,25 +358,25 @@ class _Folding:
         stays = ~(is_leaf[eu] | is_leaf[ev])
         one_u, one_v = one[eu], one[ev]
         for e in np.flatnonzero(stays & one_u & one_v).tolist():
-            constant += float(matrices[e][0, 0])
+            constant += float(matrices[which[e]][0, 0])
         for ends, first, other in ((ev, True, one_u & ~one_v), (eu, False, one_v & ~one_u)):
             edges = np.flatnonzero(stays & other)
             by_length: dict[int, list[int]] = {}
             for e, length in zip(edges.tolist(), count[ends[edges]].tolist()):
                 by_length.setdefault(length, []).append(e)
             for es in by_length.values():    # each matrix's row (first) or column of choice 0
-                stacked = _stack_distinct([matrices[e] for e in es], [first] * len(es))
+                stacked = _stack(matrices, which[es], np.full(len(es), first))
                 additions.append((ends[es], stacked[:, 0, :]))
         for targets, rows in additions:
             if len(targets):
                 np.add.at(flat, starts[targets][:, None] + np.arange(rows.shape[1]), rows)
         neighbours: list = [()] * n
         inner = np.flatnonzero(stays & ~one_u & ~one_v)
-        for e, u, v in zip(inner.tolist(), eu[inner].tolist(), ev[inner].tolist()):
+        for k, u, v in zip(which[inner].tolist(), eu[inner].tolist(), ev[inner].tolist()):
             if neighbours[v]:
-                neighbours[v].append((u, matrices[e]))
+                neighbours[v].append((u, matrices[k]))
             else:
-                neighbours[v] = [(u, matrices[e])]
+                neighbours[v] = [(u, matrices[k])]
         taken = ~one & ~is_leaf
         kept = taken.tolist()
         unary = list(problem.unary)
@@ -384,18 +387,33 @@ class _Folding:
                         neighbours, chosen, constant)
 
 
-def _stack_distinct(arrays: list[np.ndarray], as_given: list[bool] | None = None
-                    ) -> np.ndarray:
-    """``np.stack`` of ``arrays`` (each transposed where ``as_given`` says False), stacking
-    each distinct array object once: problems share their matrices and costs, and stacking
-    tens of thousands of small arrays one by one was most of folding's time."""
-    keys = np.fromiter(map(id, arrays), dtype=np.int64, count=len(arrays)) * 2
-    if as_given is not None:
-        keys += np.array(as_given, dtype=np.int64)
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    distinct = [arrays[k] if as_given is None or as_given[k] else arrays[k].T
-                for k in first.tolist()]
-    return np.stack(distinct)[inverse.reshape(-1)]
+def _edge_matrices(problem: Problem) -> tuple[list[np.ndarray], np.ndarray]:
+    """The problem's distinct edge matrices, and which of them each edge has: from its
+    arrays (:class:`~tofu_mx.search.problem.EdgeArrays`) where it has them, else each
+    matrix object once."""
+    if problem.indexed is not None:
+        return problem.indexed.matrices, problem.indexed.which
+    return _distinct([m for _, _, m in problem.edges], np.arange(len(problem.edges)))
+
+
+def _distinct(arrays, picked: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """The distinct objects among ``arrays[picked]``, and which of them each is."""
+    objects = [arrays[k] for k in picked.tolist()]
+    ids = np.fromiter(map(id, objects), dtype=np.int64, count=len(objects))
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    return [objects[k] for k in first.tolist()], inverse.reshape(-1)
+
+
+def _stack(arrays: list[np.ndarray], index: np.ndarray, as_given: np.ndarray | None = None
+           ) -> np.ndarray:
+    """``np.stack([arrays[k] for k in index])``, each transposed where ``as_given`` is
+    False, stacking each distinct one once (stacking tens of thousands of small arrays one
+    by one was most of folding's time)."""
+    keys = index * 2 + (1 if as_given is None else as_given.astype(np.int64))
+    distinct, inverse = np.unique(keys, return_inverse=True)
+    stacked = np.stack([arrays[k // 2] if k % 2 else arrays[k // 2].T
+                        for k in distinct.tolist()])
+    return stacked[inverse.reshape(-1)]
 
 
 def _flat(unary: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:

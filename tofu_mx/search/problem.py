@@ -11,10 +11,21 @@ MXNet, no shapes. :mod:`tofu_mx.search.cut` builds this problem from an analysed
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class EdgeArrays:
+    """A problem's edges as arrays: edge ``e`` is ``(u[e], v[e], matrices[which[e]])``
+    (problems of hundreds of thousands of edges share a few matrices)."""
+
+    u: np.ndarray
+    v: np.ndarray
+    which: np.ndarray
+    matrices: list[np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,8 @@ class Problem:
     choices: tuple[tuple[str, ...], ...]           # labels of each node's choices
     unary: tuple[np.ndarray, ...]                  # unary[v][c]
     edges: tuple[tuple[int, int, np.ndarray], ...]  # (u, v, pair[c_u, c_v]), u < v, no repeats
+    #: the same edges as arrays, where :func:`make_indexed_problem` made them
+    indexed: EdgeArrays | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         counts = [len(labels) for labels in self.choices]
@@ -30,6 +43,18 @@ class Problem:
             if count == 0 or cost.shape != (count,):
                 raise ValueError(f"node {self.names[v]!r}: {count} choices, unary cost "
                                  f"of shape {cost.shape}")
+        if self.indexed is not None:     # checked over the arrays, each matrix once
+            u, v, which, matrices = (self.indexed.u, self.indexed.v, self.indexed.which,
+                                     self.indexed.matrices)
+            shapes = np.array([m.shape for m in matrices], dtype=np.int64).reshape(-1, 2)
+            count = np.array(counts, dtype=np.int64)
+            bad = np.flatnonzero((u >= v) | (shapes[which, 0] != count[u]) |
+                                 (shapes[which, 1] != count[v]))
+            if len(bad) or len(u) != len(self.edges):
+                e = int(bad[0]) if len(bad) else 0
+                raise ValueError(f"edge ({u[e]}, {v[e]}) with matrix "
+                                 f"{matrices[which[e]].shape} does not fit")
+            return
         for u, v, m in self.edges:
             if not u < v or m.shape != (counts[u], counts[v]):
                 raise ValueError(f"edge ({u}, {v}) with matrix {m.shape} does not fit")
@@ -97,9 +122,10 @@ def make_indexed_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
     # edge's oriented matrix is number ``which`` (+ the count, flipped) of these
     oriented = [np.asarray(m, dtype=np.float64) for m in matrices]
     oriented += [m.T for m in oriented]
-    pick = (which + flip * (len(oriented) // 2)).tolist()
-    chosen = list(map(oriented.__getitem__, pick))
+    pick = which + flip * (len(oriented) // 2)
+    chosen = list(map(oriented.__getitem__, pick.tolist()))
     found = [chosen[a] for a in starts.tolist()]
+    final = pick[starts]        # each edge's matrix in ``oriented`` (summed ones appended)
     # parallel edges (the rest of a run of one (u, v)) summed onto its first, in order
     counts = np.diff(np.append(starts, len(low)))
     for k in np.flatnonzero(counts > 1).tolist():
@@ -108,6 +134,10 @@ def make_indexed_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
         for e in range(a + 1, a + int(counts[k])):
             m = m + chosen[e]
         found[k] = m
-    edges = list(zip(low[starts].tolist(), high[starts].tolist(), found))
+        final[k] = len(oriented)
+        oriented.append(m)
+    first_u, first_v = low[starts], high[starts]
+    edges = list(zip(first_u.tolist(), first_v.tolist(), found))
     return Problem(tuple(names), tuple(tuple(c) for c in choices),
-                   tuple(np.asarray(c, dtype=np.float64) for c in unary), tuple(edges))
+                   tuple(np.asarray(c, dtype=np.float64) for c in unary), tuple(edges),
+                   EdgeArrays(first_u, first_v, final, oriented))

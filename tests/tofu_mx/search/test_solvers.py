@@ -142,3 +142,18 @@ def test_dp_orders_equal_brute_force(order):
         rng = np.random.default_rng(500 + seed)
         p = random_problem(rng, int(rng.integers(1, 8)))
         assert solve_dp(p, order=order).cost == pytest.approx(solve_brute_force(p).cost), seed
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_a_matrix_that_does_not_fit_its_edge_is_refused(indexed):
+    names, choices, unary = ["a", "b"], [("x", "y"), ("x", "y", "z")], [np.zeros(2), np.zeros(3)]
+    for wrong in (np.zeros((2, 2)), np.zeros((3, 2))):
+        with pytest.raises(ValueError, match=r"edge \(0, 1\) with matrix .* does not fit"):
+            if indexed:
+                make_indexed_problem(names, choices, unary, np.array([0]), np.array([1]),
+                                     np.array([0]), [wrong])
+            else:
+                make_problem(names, choices, unary, [(0, 1, wrong)])
+    fits = make_indexed_problem(names, choices, unary, np.array([1]), np.array([0]),
+                                np.array([0]), [np.zeros((3, 2))])     # read from b to a
+    assert fits.edges[0][:2] == (0, 1) and fits.indexed.which.tolist() == [1]
