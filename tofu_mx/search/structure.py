@@ -6,6 +6,7 @@ structure, which tensors carry a gradient, the ties of the coarsenings already s
 from __future__ import annotations
 
 import functools
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -105,14 +106,23 @@ class GraphStructure:
         it is not fetched again). Made once per options."""
         key = (refetch, kept_tensors, weighted)
         if key not in self.port_memo:
-            again, kept = [], []
-            for i in self.ops:
-                refetches = refetch and i in self.refetching
-                for j, tensor in enumerate(self.inputs[i]):
-                    twice = refetches and tensor not in kept_tensors
-                    again.append(twice)
-                    kept.append(weighted and not twice and self.keeps_input(graph, i, j))
-            self.port_memo[key] = np.array(again, dtype=bool), np.array(kept, dtype=bool)
+            ports = self.ports(graph)
+            again = np.zeros(len(ports.member), dtype=bool)
+            if refetch and self.refetching:
+                refetching = np.zeros(len(graph.nodes), dtype=bool)
+                refetching[np.fromiter(self.refetching, np.int64, len(self.refetching))] = True
+                again = refetching[ports.member]
+                if kept_tensors:
+                    kept_tensor = np.zeros(int(ports.tensor_start[-1]), dtype=bool)
+                    kept_tensor[[int(ports.tensor_start[i]) + k for i, k in kept_tensors]] = True
+                    again &= ~kept_tensor[ports.tensor]
+            kept = np.zeros(len(ports.member), dtype=bool)
+            if weighted:
+                for i, (ins, _) in self.backward.items():   # the inputs gradients read
+                    for j in ins:
+                        kept[ports.start[i] + j] = True
+                kept &= ~again
+            self.port_memo[key] = again, kept
         return self.port_memo[key]
 
     def remember_ties(self, key: tuple, families: tuple) -> None:
@@ -138,18 +148,23 @@ class Ports:
     @staticmethod
     def of(structure: "GraphStructure", graph: Graph) -> "Ports":
         nodes = graph.nodes
+        reads = np.fromiter(map(len, (n.inputs for n in nodes)), np.int64, len(nodes))
         start = np.zeros(len(nodes) + 1, dtype=np.int64)
-        start[1:] = np.cumsum([len(n.inputs) for n in nodes])
+        np.cumsum(reads, out=start[1:])
         tensor_start = np.zeros(len(nodes) + 1, dtype=np.int64)
-        tensor_start[1:] = np.cumsum([len(n.outputs) for n in nodes])
-        tensor_facts = structure.tensor_facts
-        read = [(i, t) for i in structure.ops for t in structure.inputs[i]]
-        member = np.array([i for i, _ in read], dtype=np.int64)
-        source = np.array([t[0] for _, t in read], dtype=np.int64)
-        index = np.array([t[1] for _, t in read], dtype=np.int64)
-        return Ports(start, tensor_start, member, np.arange(len(read)) - start[member],
-                     source, tensor_start[source] + index,
-                     np.array([tensor_facts[t] for _, t in read], dtype=np.int64))
+        np.cumsum(np.fromiter(map(len, (n.outputs for n in nodes)), np.int64, len(nodes)),
+                  out=tensor_start[1:])
+        # each operator's inputs, (node, output) end to end, in node and input order
+        ends = np.fromiter(chain.from_iterable(chain.from_iterable(
+            structure.inputs[i] for i in structure.ops)), np.int64, 2 * int(start[-1]))
+        source, index = ends[0::2], ends[1::2]
+        member = np.repeat(np.arange(len(nodes), dtype=np.int64), reads)
+        # the facts of every tensor, in tensor order (the order GraphStructure.of met them)
+        facts = np.fromiter(structure.tensor_facts.values(), np.int64,
+                            len(structure.tensor_facts))
+        tensor = tensor_start[source] + index
+        return Ports(start, tensor_start, member, np.arange(len(member)) - start[member],
+                     source, tensor, facts[tensor])
 
 
 def _shared_params(nodes, inputs: Mapping[int, tuple]) -> tuple[tuple[int, ...], ...]:

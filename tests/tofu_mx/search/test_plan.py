@@ -540,3 +540,35 @@ def test_the_refetching_operators_are_those_refetches_inputs_names(sym, shapes):
     one_by_one = {i for i in structure.ops if refetches_inputs(graph, i, structure.needs_grad)}
     assert structure.refetching == one_by_one
     assert one_by_one and len(one_by_one) < len(structure.ops)   # both answers occur
+
+
+@pytest.mark.parametrize("sym, shapes", [
+    (models.wresnet(50, 1), models.input_shapes("wresnet", 8)),
+    (models.rnn(2, 32, 4, 50), models.input_shapes("rnn", 8, seq_len=4)),
+])
+def test_ports_and_their_flags_are_each_inputs_own(sym, shapes):
+    from tofu_mx.search.structure import GraphStructure
+    graph = lower_graph(import_symbol(sym, **shapes), 4)
+    structure = GraphStructure.of(graph)
+    ports = structure.ports(graph)
+    read = [(i, j, e) for i in structure.ops for j, e in enumerate(graph.nodes[i].inputs)]
+    tensors = [(i, k) for i, n in enumerate(graph.nodes) for k in range(len(n.outputs))]
+    assert ports.member.tolist() == [i for i, _, _ in read]
+    assert ports.input.tolist() == [j for _, j, _ in read]
+    assert ports.source.tolist() == [e.node for _, _, e in read]
+    assert [tensors[t] for t in ports.tensor.tolist()] == [(e.node, e.index) for _, _, e in read]
+    assert ports.facts.tolist() == [structure.tensor_facts[(e.node, e.index)] for _, _, e in read]
+    assert all(ports.start[i] + j == p for p, (i, j, _) in enumerate(read))
+    some = frozenset((e.node, e.index) for _, _, e in read[::7])
+    for refetch in (False, True):
+        for kept_tensors in (frozenset(), some):
+            for weighted in (False, True):
+                again, kept = structure.port_flags(graph, refetch, kept_tensors, weighted)
+                twice = [refetch and i in structure.refetching and
+                         (e.node, e.index) not in kept_tensors for i, _, e in read]
+                assert again.tolist() == twice
+                assert kept.tolist() == [weighted and not t and
+                                         structure.keeps_input(graph, i, j)
+                                         for t, (i, j, _) in zip(twice, read)]
+                assert any(twice) == refetch    # both answers occur
+                assert any(kept) == (weighted and not refetch) or refetch
