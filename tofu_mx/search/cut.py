@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -439,50 +440,56 @@ class Cut:
     def problem(self) -> "CutProblem":
         """The labelling problem of this cut: one node per group and per variable, in graph
         order, with the bytes each choice moves (and, with a memory weight, what it keeps)."""
-        nodes: list[tuple[int, Group | int]] = [(g.first, g) for g in self.groups]
-        nodes += [(v, v) for v in self.variables]
-        nodes.sort(key=lambda t: t[0])
-        slots = tuple(obj for _, obj in nodes)
-        slot_of: dict[int, int] = {}
-        names, choices, unary, weighted_unary, resolved = [], [], [], [], []
-        variable_choices: dict[tuple, tuple] = {}   # (shape, ...) -> labels, layouts, costs
-        graph_nodes, itemsize, var_shape = self.graph.nodes, self.structure.itemsize, self.view.var
-        for k, obj in enumerate(slots):
-            if type(obj) is Group:
-                for copy in obj.copies:
-                    slot_of.update(dict.fromkeys(copy, k))
-                names.append(graph_nodes[obj.copies[0][0]].name)
-                choices.append(obj.labels)
-                resolution, cost, weighted_cost = self._resolution(obj)
-                resolved.append(resolution)
-                unary.append(cost)
-                weighted_unary.append(weighted_cost)
-            else:
-                slot_of[obj] = k
-                node = graph_nodes[obj]
-                names.append(node.name)
-                # a parameter's layout holds its gradient too
-                key = (var_shape[obj], itemsize[(obj, 0)], 2 if node.kind == "param" else 1)
-                found = variable_choices.get(key)
-                if found is None:
-                    layouts = self.var_layouts[obj]
-                    found = variable_choices[key] = (
-                        tuple([layout_name(x) for x in layouts]), tuple(layouts),
-                        np.zeros(len(layouts)), self.memory_weight * key[2] * np.array(
-                            [_excess(x, key[0], key[1], self.parts) for x in layouts]))
-                choices.append(found[0])
-                resolved.append(found[1])
-                unary.append(found[2])
-                weighted_unary.append(found[3])
+        groups, variables, graph_nodes = self.groups, self.variables, self.graph.nodes
+        # groups (in order of their first member) and variables (in graph order) merged
+        order = np.argsort(np.array([g.first for g in groups] + variables, dtype=np.int64),
+                           kind="stable").tolist()
+        slot_at = np.empty(len(order), dtype=np.int64)
+        slot_at[order] = np.arange(len(order))
+        found = [self._resolution(g) for g in groups] + self._variable_rows()
+        objects = groups + variables
+        slots = tuple([objects[k] for k in order])
+        names = [graph_nodes[g.copies[0][0]].name for g in groups] + \
+            [graph_nodes[v].name for v in variables]
+        names = [names[k] for k in order]
+        choices = [g.labels for g in groups] + [row[3] for row in found[len(groups):]]
+        choices = [choices[k] for k in order]
+        resolved = [found[k][0] for k in order]
+        unary = [found[k][1] for k in order]
+        weighted_unary = [found[k][2] for k in order]
+        where = np.full(len(graph_nodes), -1, dtype=np.int64)     # graph node -> its slot
+        members = list(chain.from_iterable(chain.from_iterable(g.copies for g in groups)))
+        where[members] = np.repeat(slot_at[:len(groups)], [sum(map(len, g.copies))
+                                                             for g in groups])
+        where[variables] = slot_at[len(groups):]
         (source, target, which, costs, weights), refetched = \
-            self._edges(slots, slot_of, resolved)
+            self._edges(slots, slot_at, where, resolved)
         bytes_problem = make_indexed_problem(names, choices, unary, source, target, which,
                                              costs)
         weighted = bytes_problem if not self.memory_weight else make_indexed_problem(
             names, choices, weighted_unary, source, target, which, weights)
-        return CutProblem(weighted, bytes_problem, slots, slot_of, tuple(resolved), refetched)
+        return CutProblem(weighted, bytes_problem, slots, where, tuple(resolved), refetched)
 
-    def _edges(self, slots: tuple, slot_of: dict[int, int], resolved: list
+    def _variable_rows(self) -> list[tuple]:
+        """Each variable's ``(layouts, cost, weighted cost, labels)``: its choices are the
+        layouts it may be stored in (a parameter's holds its gradient too), one tuple per
+        shape, itemsize and kind."""
+        rows: dict[tuple, tuple] = {}
+        graph_nodes, itemsize, var_shape = self.graph.nodes, self.structure.itemsize, self.view.var
+        found = []
+        for v in self.variables:
+            key = (var_shape[v], itemsize[(v, 0)], 2 if graph_nodes[v].kind == "param" else 1)
+            row = rows.get(key)
+            if row is None:
+                layouts = self.var_layouts[v]
+                row = rows[key] = (
+                    tuple(layouts), np.zeros(len(layouts)), self.memory_weight * key[2] *
+                    np.array([_excess(x, key[0], key[1], self.parts) for x in layouts]),
+                    tuple([layout_name(x) for x in layouts]))
+            found.append(row)
+        return found
+
+    def _edges(self, slots: tuple, slot_at: np.ndarray, where: np.ndarray, resolved: list
                ) -> tuple[tuple, "RefetchedEdges"]:
         """The problem's edges, one for each input of each member, as arrays ``(source slot,
         slot, matrix index)`` in reading order (slot, copy, member, input), with the bytes
@@ -495,12 +502,8 @@ class Cut:
         ports = self.structure.ports(self.graph)
         port_again, port_kept = self.structure.port_flags(
             self.graph, self.refetch, self.kept_tensors, bool(self.memory_weight))
-        batches = self._batches(slots, resolved)
-        held = self._held(slots, resolved, batches, ports)
-        where = np.full(len(self.graph.nodes), -1, dtype=np.int64)
-        if slot_of:
-            where[np.fromiter(slot_of.keys(), np.int64, len(slot_of))] = \
-                np.fromiter(slot_of.values(), np.int64, len(slot_of))
+        batches = self._batches(slot_at, resolved)
+        held = self._held(slot_at, resolved, batches, ports)
         slot, copy_at, position, port, read = [], [], [], [], []
         for resolution, c, ks, cs, copies in batches.values():
             member_at, inputs, reads = self._reads(resolution, c)
@@ -595,27 +598,26 @@ class Cut:
                       chosen[edges.slot]], axis=1), memo, one)
         return [values[w] for w in which.tolist()]
 
-    @staticmethod
-    def _batches(slots: tuple, resolved: list) -> dict[tuple, tuple]:
+    def _batches(self, slot_at: np.ndarray, resolved: list) -> dict[tuple, tuple]:
         """The groups' copies by structure (choice set and copy structure): ``(a resolution
         holding one, its copy index, the slots, the copy indices, the copies)``, the last
-        three as arrays (the copies' members one row each), in reading order within each."""
+        three as arrays (the copies' members one row each), in reading order within each
+        (``slot_at``: the slot of each group, in order, then of each variable)."""
         batches: dict[tuple, tuple] = {}
-        for k, obj in enumerate(slots):
-            if isinstance(obj, Group):
-                resolution = resolved[k]
-                for c, copy in enumerate(obj.copies):
-                    key = (resolution.choices_id, resolution.keys[c])
-                    batch = batches.get(key)
-                    if batch is None:
-                        batch = batches[key] = (resolution, c, [], [], [])
-                    batch[2].append(k)
-                    batch[3].append(c)
-                    batch[4].append(copy)
+        for k, group in zip(slot_at[:len(self.groups)].tolist(), self.groups):
+            resolution = resolved[k]
+            for c, copy in enumerate(group.copies):
+                key = (resolution.choices_id, resolution.keys[c])
+                batch = batches.get(key)
+                if batch is None:
+                    batch = batches[key] = (resolution, c, [], [], [])
+                batch[2].append(k)
+                batch[3].append(c)
+                batch[4].append(copy)
         return {key: (resolution, c) + tuple(np.array(x, dtype=np.int64) for x in lists)
                 for key, (resolution, c, *lists) in batches.items()}
 
-    def _held(self, slots: tuple, resolved: list, batches: dict, ports) -> np.ndarray:
+    def _held(self, slot_at: np.ndarray, resolved: list, batches: dict, ports) -> np.ndarray:
         """Tensor (numbered as in :class:`~tofu_mx.search.structure.Ports`) -> id of the
         layouts it is stored in, per choice of its slot."""
         held = np.full(int(ports.tensor_start[-1]), -1, dtype=np.int64)
@@ -629,12 +631,13 @@ class Cut:
                      for i in range(len(self.graph.nodes[m].outputs))])
             member_at, output, ids = self._ends[key]
             held[ports.tensor_start[copies[:, member_at]] + output] = ids
-        for k, obj in enumerate(slots):
-            if not isinstance(obj, Group):      # a variable: its layouts are its choices
-                key = ("variable", self.view.var[obj])
-                if key not in self._ends:
-                    self._ends[key] = self._intern(tuple(resolved[k]))
-                held[ports.tensor_start[obj]] = self._ends[key]
+        ids = []
+        for v, k in zip(self.variables, slot_at[len(self.groups):].tolist()):
+            key = ("variable", self.view.var[v])    # a variable: its layouts are its choices
+            if key not in self._ends:
+                self._ends[key] = self._intern(tuple(resolved[k]))
+            ids.append(self._ends[key])
+        held[ports.tensor_start[self.variables]] = ids
         return held
 
     def _reads(self, resolution: "Resolution", c: int) -> tuple[np.ndarray, ...]:
@@ -746,7 +749,7 @@ class CutProblem:
     problem: Problem                  # what the search minimises (bytes + weighted memory)
     bytes_problem: Problem            # the same choices, costed in bytes moved alone
     slots: tuple                      # problem node -> its Group, or a variable's node index
-    slot_of: Mapping[int, int]        # graph node -> problem node
+    where: np.ndarray                 # graph node -> its problem node (-1: none)
     resolved: tuple                   # problem node -> a group's Resolution, or a variable's
     #                                   layout per choice
     refetched: RefetchedEdges = field(default_factory=RefetchedEdges.none)
