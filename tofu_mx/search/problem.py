@@ -12,6 +12,7 @@ MXNet, no shapes. :mod:`tofu_mx.search.cut` builds this problem from an analysed
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Sequence
 
 import numpy as np
@@ -38,11 +39,13 @@ class Problem:
     indexed: EdgeArrays | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        counts = [len(labels) for labels in self.choices]
-        for v, (count, cost) in enumerate(zip(counts, self.unary)):
-            if count == 0 or cost.shape != (count,):
-                raise ValueError(f"node {self.names[v]!r}: {count} choices, unary cost "
-                                 f"of shape {cost.shape}")
+        counts = list(map(len, self.choices))
+        if 0 in counts or [c.shape for c in self.unary] != [(k,) for k in counts]:
+            for v, (count, cost) in enumerate(zip(counts, self.unary)):
+                if count == 0 or cost.shape != (count,):
+                    raise ValueError(f"node {self.names[v]!r}: {count} choices, unary cost "
+                                     f"of shape {cost.shape}")
+            raise ValueError(f"{len(counts)} nodes' choices, {len(self.unary)} unary costs")
         if self.indexed is not None:     # checked over the arrays, each matrix once
             u, v, which, matrices = (self.indexed.u, self.indexed.v, self.indexed.which,
                                      self.indexed.matrices)
@@ -138,6 +141,6 @@ def make_indexed_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
         oriented.append(m)
     first_u, first_v = low[starts], high[starts]
     edges = list(zip(first_u.tolist(), first_v.tolist(), found))
-    return Problem(tuple(names), tuple(tuple(c) for c in choices),
-                   tuple(np.asarray(c, dtype=np.float64) for c in unary), tuple(edges),
+    return Problem(tuple(names), tuple(map(tuple, choices)),
+                   tuple(map(np.asarray, unary, repeat(np.float64))), tuple(edges),
                    EdgeArrays(first_u, first_v, final, oriented))

@@ -65,7 +65,7 @@ def test_only_exact_costs_are_folded():
                                       [(0, 1, np.array([[0, 1], [2, 2.5]]))]))
     big = np.full((2, 2), 2.0 ** 48)      # 4 * 2**48 = 2**50 per edge
     for edges, exact in ((3, True), (4, False)):
-        p = make_indexed_problem(["v"] + [f"u{k}" for k in range(edges)], two * (edges + 1),
+        p = make_indexed_problem(["v"] + [f"u{k}" for k in range(edges)], two[:1] * (edges + 1),
                                  [np.zeros(2)] * (edges + 1), np.zeros(edges, dtype=int),
                                  np.arange(1, edges + 1), np.zeros(edges, dtype=int), [big])
         assert len({id(m) for _, _, m in p.edges}) == 1 and dp._exact(p) == exact

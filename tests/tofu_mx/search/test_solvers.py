@@ -157,3 +157,10 @@ def test_a_matrix_that_does_not_fit_its_edge_is_refused(indexed):
     fits = make_indexed_problem(names, choices, unary, np.array([1]), np.array([0]),
                                 np.array([0]), [np.zeros((3, 2))])     # read from b to a
     assert fits.edges[0][:2] == (0, 1) and fits.indexed.which.tolist() == [1]
+
+
+def test_a_node_without_a_fitting_unary_cost_is_refused():
+    with pytest.raises(ValueError, match="node 'b': 3 choices, unary cost of shape \\(2,\\)"):
+        make_problem(["a", "b"], [("x", "y"), ("x", "y", "z")], [np.zeros(2)] * 2, [])
+    with pytest.raises(ValueError, match="2 nodes' choices, 1 unary costs"):
+        make_problem(["a", "b"], [("x", "y")] * 2, [np.zeros(2)], [])
