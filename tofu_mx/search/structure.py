@@ -6,8 +6,8 @@ structure, which tensors carry a gradient, the ties of the coarsenings already s
 from __future__ import annotations
 
 import functools
-from itertools import chain
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Mapping
 
 import numpy as np
@@ -228,9 +228,16 @@ def _refetching(graph: Graph, backward: Mapping[int, tuple[frozenset[int], froze
         again = runs.get(key)
         if again is None:
             again = runs[key] = _may_run_again(node.op, node.attrs, current)
-        if again and not any(nodes[e.node].kind == "aux" for e in node.inputs):
+        if again and _rereads(nodes, node, ins):
             found.append(i)
     return frozenset(found)
+
+
+def _rereads(nodes, node, ins: frozenset[int]) -> bool:
+    """The rest of :func:`refetches_inputs`' rule, for an operator with a gradient that may
+    run again: its gradient reads some input (positions ``ins``), and it reads no auxiliary
+    state (which a second run would update twice)."""
+    return bool(ins) and not any(nodes[e.node].kind == "aux" for e in node.inputs)
 
 
 def refetches_inputs(graph: Graph, i: int, needs_grad: Mapping[tuple[int, int], bool],
@@ -243,14 +250,10 @@ def refetches_inputs(graph: Graph, i: int, needs_grad: Mapping[tuple[int, int], 
     auxiliary state (which a second run would update twice). ``reads``: its
     :func:`~nnvm_passes.backward.backward_reads`, if known."""
     node = graph.nodes[i]
-    if node.is_variable or not _may_run_again(node.op, node.attrs, generation()):
+    if node.is_variable or not _may_run_again(node.op, node.attrs, generation()) or \
+            not any(needs_grad[(i, k)] for k in range(len(node.outputs))):
         return False
-    if any(graph.nodes[e.node].is_variable and graph.nodes[e.node].kind == "aux"
-           for e in node.inputs):
-        return False
-    if not any(needs_grad[(i, k)] for k in range(len(node.outputs))):
-        return False
-    return bool((backward_reads(node, graph) if reads is None else reads)[0])
+    return _rereads(graph.nodes, node, (backward_reads(node, graph) if reads is None else reads)[0])
 
 
 @functools.lru_cache(maxsize=1 << 12)
