@@ -50,7 +50,7 @@ from nnvm_passes.ir import Graph
 from tofu_mx.search import ties
 from tofu_mx.search.cost import (consumer_bytes, converted_bytes, intersect,
                                   producer_bytes, stored_regions, volume)
-from tofu_mx.search.problem import Problem, make_indexed_problem
+from tofu_mx.search.problem import Problem, distinct_rows, make_indexed_problem
 from tofu_mx.search.structure import GraphStructure, needs_grad_of
 from tofu_mx.tdl.analysis import Layout, Strategy
 from tofu_mx.tdl.annotate import annotate, replicate_strategy
@@ -787,8 +787,8 @@ def _columns(triples: list[tuple[int, int, int]]) -> tuple[np.ndarray, ...]:
 
 def _once_per_row(rows: np.ndarray, memo: dict, compute) -> tuple[list, np.ndarray]:
     """``compute(*row)`` of each distinct row of ``rows`` (integers), remembered in ``memo``
-    by the row as a tuple, and which of them each row is (:func:`_distinct_rows`)."""
-    distinct, which = _distinct_rows(rows)
+    by the row as a tuple, and which of them each row is (:func:`~tofu_mx.search.problem.distinct_rows`)."""
+    distinct, which = distinct_rows(rows)
     values = []
     for row in map(tuple, distinct.tolist()):
         found = memo.get(row)
@@ -796,23 +796,6 @@ def _once_per_row(rows: np.ndarray, memo: dict, compute) -> tuple[list, np.ndarr
             found = memo[row] = compute(*row)
         values.append(found)
     return values, which
-
-
-def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(rows, axis=0, return_inverse=True)`` for rows of non-negative integers,
-    through one integer per row where the columns' ranges allow (sorting rows as bytes is
-    slow)."""
-    if not len(rows):
-        return rows, np.zeros(0, dtype=np.int64)
-    ranges = [int(x) + 1 for x in rows.max(axis=0)]
-    if math.prod(ranges) >= 1 << 62:
-        distinct, which = np.unique(rows, axis=0, return_inverse=True)
-        return distinct, which.reshape(-1)
-    combined = np.zeros(len(rows), dtype=np.int64)
-    for column, n in zip(rows.T, ranges):
-        combined = combined * n + column
-    _, first, which = np.unique(combined, return_index=True, return_inverse=True)
-    return rows[first], which.reshape(-1)
 
 
 @functools.lru_cache(maxsize=1 << 18)

@@ -27,10 +27,12 @@ import math
 import numpy as np
 
 from tofu_mx.errors import TofuError
-from tofu_mx.search.problem import Problem, make_problem
+from tofu_mx.search.problem import Problem, distinct_rows, make_problem
 
 
 _SMALL_STATE = 4096   # below this, the graph's own order is kept without looking further
+_PROGRESS_STEP = 4096     # nodes the DP takes between updates of its progress bar
+_MIN_PLUS_ELEMENTS = 1 << 22    # the most elements a batch of min-plus products adds at once
 
 
 class SearchTooLargeError(TofuError):
@@ -88,25 +90,18 @@ def elimination_order(problem: Problem) -> list[int]:
     return order
 
 
-def largest_state(problem: Problem, order: list[int]) -> float:
-    """log of the largest DP state (frontier choice counts multiplied) along ``order``."""
-    position = [0] * len(problem.names)
-    for k, v in enumerate(order):
-        position[v] = k
-    last = list(position)
-    for u, v, _ in problem.edges:
-        last[u] = max(last[u], position[v])
-        last[v] = max(last[v], position[u])
-    closing: list[list[int]] = [[] for _ in order]
-    for v in order:
-        closing[last[v]].append(v)
-    size = [math.log(max(len(c), 1)) for c in problem.choices]
-    current = worst = 0.0
-    for k, v in enumerate(order):
-        current += size[v]
-        worst = max(worst, current)
-        current -= sum(size[u] for u in closing[k])
-    return worst
+def largest_state(problem: Problem, order: list[int]) -> int:
+    """The largest DP state (frontier choice counts multiplied) along ``order``."""
+    n = len(problem.names)
+    order = np.asarray(order, dtype=np.int64)
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    u, v = _ends(problem)
+    last = position.copy()          # node -> the position of its last neighbour (or its own)
+    np.maximum.at(last, u, position[v])
+    np.maximum.at(last, v, position[u])
+    counts = np.array([len(c) for c in problem.choices], dtype=np.int64)
+    return _States.of(counts[order], last[order]).most
 
 
 def solve_dp(problem: Problem, max_states: int = 4_000_000, progress=None,
@@ -117,8 +112,8 @@ def solve_dp(problem: Problem, max_states: int = 4_000_000, progress=None,
     schedule = _Schedule.of(problem)
     if order in ("greedy", "best") and len(problem.names) > 1:
         index = list(range(len(problem.names)))
-        own = schedule.largest_state() if order == "best" else math.inf
-        perm = index if own <= math.log(_SMALL_STATE) else elimination_order(problem)
+        own = schedule.states.most if order == "best" else math.inf
+        perm = index if own <= _SMALL_STATE else elimination_order(problem)
         if order == "best" and perm is not index and own <= largest_state(problem, perm):
             perm = index
         if perm != index:
@@ -135,6 +130,70 @@ def solve_dp(problem: Problem, max_states: int = 4_000_000, progress=None,
     return _eliminate(problem, schedule, max_states, progress)
 
 
+def _ends(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Each edge's ``(u, v)`` as arrays."""
+    if problem.indexed is not None:
+        return problem.indexed.u, problem.indexed.v
+    edges = problem.edges
+    return (np.fromiter([e[0] for e in edges], dtype=np.int64, count=len(edges)),
+            np.fromiter([e[1] for e in edges], dtype=np.int64, count=len(edges)))
+
+
+@dataclass(frozen=True)
+class _States:
+    """The DP's states along an order, from the choice counts alone: at each position, once
+    its node has joined the frontier, how many nodes the frontier holds and how many states
+    (their choice counts multiplied, exact). A node of more than one choice joins at its
+    own position and leaves after its last neighbour's. Computed in bulk: each prime's
+    exponent in the state summed along the order, so that sizes stay exact integers."""
+
+    widest: int              # the most nodes in the frontier at once
+    sizes: list[int]         # the distinct state sizes met
+    size_at: np.ndarray      # position -> its state size (an index into ``sizes``)
+
+    @property
+    def most(self) -> int:
+        return max(self.sizes)
+
+    @staticmethod
+    def of(counts: np.ndarray, last: np.ndarray) -> "_States":
+        n = len(counts)
+        nodes = np.flatnonzero(counts > 1)
+        if not len(nodes):
+            return _States(0, [1], np.zeros(n, dtype=np.int64))
+        leaves = last[nodes]
+
+        def along(amount: np.ndarray) -> np.ndarray:
+            """Per position, ``amount`` summed over the frontier's nodes."""
+            joined = np.zeros(n, dtype=np.int64)
+            joined[nodes] = amount
+            gone = np.bincount(leaves, weights=amount, minlength=n).astype(np.int64)
+            return np.cumsum(joined) - (np.cumsum(gone) - gone)
+        widest = int(along(np.ones(len(nodes), dtype=np.int64)).max())
+        kinds = sorted(set(counts[nodes].tolist()))
+        primes = sorted({p for k in kinds for p in _prime_factors(k)})
+        exponents = []
+        for p in primes:
+            of_count = np.zeros(kinds[-1] + 1, dtype=np.int64)
+            for k in kinds:
+                of_count[k] = _prime_factors(k).count(p)
+            exponents.append(along(of_count[counts[nodes]]))
+        distinct, size_at = distinct_rows(np.stack(exponents, axis=1))
+        sizes = [math.prod(p ** e for p, e in zip(primes, row)) for row in distinct.tolist()]
+        return _States(widest, sizes, size_at)
+
+
+def _prime_factors(k: int) -> list[int]:
+    """``k``'s prime factors, with repeats, smallest first."""
+    found, p = [], 2
+    while p * p <= k:
+        while k % p == 0:
+            found.append(p)
+            k //= p
+        p += 1
+    return found + ([k] if k > 1 else [])
+
+
 @dataclass(frozen=True)
 class _Schedule:
     """The bookkeeping of the problem's own node order (arrays where a problem has hundreds
@@ -146,22 +205,19 @@ class _Schedule:
     last: np.ndarray                      # each node's last neighbour (or itself)
     leaving: list                         # v -> the nodes of more than one choice whose
     #                                       last is v, in index order (an empty tuple: none)
+    states: _States                       # the states along the order
 
     @staticmethod
     def of(problem: Problem) -> "_Schedule":
         n = len(problem.names)
         counts = [len(c) for c in problem.choices]
         count_array = np.array(counts, dtype=np.int64)
-        edges = problem.edges
-        if problem.indexed is not None:
-            u, v = problem.indexed.u, problem.indexed.v
-        else:
-            u = np.fromiter([e[0] for e in edges], dtype=np.int64, count=len(edges))
-            v = np.fromiter([e[1] for e in edges], dtype=np.int64, count=len(edges))
+        u, v = _ends(problem)
         last = np.arange(n, dtype=np.int64)
         np.maximum.at(last, u, v)
         several = np.flatnonzero(count_array > 1)     # a node with one choice takes no axis
-        return _Schedule(counts, count_array, (u, v), last, _leaving(several, last, n))
+        return _Schedule(counts, count_array, (u, v), last, _leaving(several, last, n),
+                         _States.of(count_array, last))
 
     def neighbours(self, problem: Problem) -> list[list[tuple[int, np.ndarray]]]:
         """v -> (u, m[x_u, x_v]) for each edge (u, v), u < v, in edge order."""
@@ -170,57 +226,50 @@ class _Schedule:
             found[v].append((u, m))
         return found
 
-    def largest_state(self) -> float:
-        """:func:`largest_state` of the problem's own order (computed alike: nodes of one
-        choice add log 1 = 0 to the sums)."""
-        size = [math.log(k) if k > 1 else 0.0 for k in self.counts]
-        current = worst = 0.0
-        for v, leaving in enumerate(self.leaving):
-            current += size[v]
-            if current > worst:
-                worst = current
-            if leaving:
-                current -= sum([size[u] for u in leaving])
-        return worst
-
 
 def _eliminate(problem: Problem, schedule: "_Schedule", max_states: int,
                progress) -> Solution:
     """The recurrence of the module's docstring, in the problem's own node order (with the
     nodes :class:`_Folding` takes out beforehand when the arithmetic is exact)."""
-    widest, most = _frontier_bounds(problem, schedule, max_states, progress)
+    widest, most = _frontier_bounds(problem, schedule, max_states)
     exact = _exact(problem)
     folding = _Folding.of(problem, schedule) if exact else _Folding.none(problem, schedule)
     n = len(problem.names)
     table = np.zeros(())                  # D over the frontier's axes
     frontier: list[int] = []
-    eliminated: list[tuple[int, tuple[int, ...], np.ndarray]] = []  # (node, axes left, argmin)
+    eliminated: list = []     # (node, axes left, argmin), or a run of chain steps
     kept = folding.kept
     unary, neighbours, counts = folding.unary, folding.neighbours, schedule.counts
+    chains = folding.chains
+    run_at, starts = chains.run_at, []      # the table where each run of chain steps starts
     for v, leaving in enumerate(folding.leaving):
+        if progress is not None and not v % _PROGRESS_STEP:
+            progress(min(_PROGRESS_STEP, n - v))
         if kept[v]:
-            edges = neighbours[v]
-            if exact and len(frontier) == 1 and len(edges) == 1 and len(leaving) == 1 and \
-                    edges[0][0] == frontier[0] == leaving[0]:
-                # a step along a chain: v's one edge is to the frontier's one node u, which
-                # leaves at v. With exact sums the order of the additions does not matter:
-                # min over x_u of D(x_u) + pair(x_u, x_v), then v's own cost
-                u = frontier[0]
-                step = table[:, None] + edges[0][1]
-                eliminated.append((u, (v,), step.argmin(0)))
-                table = np.minimum.reduce(step, 0) + unary[v]
-                frontier[0] = v
+            r = run_at[v]
+            if r != -1:     # a step along a chain: its run is taken at its first step
+                if r >= 0:
+                    starts.append(table)
+                    table = np.minimum.reduce(table[:, None] + chains.product[r][:len(table)],
+                                              0)[:chains.width[r]]
+                    frontier[0] = chains.end[r]
+                    eliminated.append(r)
                 continue
-            table = _add_node(table, frontier, v, unary[v], edges, counts)
+            table = _add_node(table, frontier, v, unary[v], neighbours[v], counts)
         for u in leaving:
             axis = frontier.index(u)
             eliminated.append((u, tuple(frontier[:axis] + frontier[axis + 1:]),
                                table.argmin(axis)))
             table = np.minimum.reduce(table, axis)  # table.min(axis), without its wrapper
             frontier.pop(axis)
+    choose = chains.choices(starts)
     assignment = [0] * n
-    for u, axes, argmin in reversed(eliminated):
-        assignment[u] = int(argmin[tuple(assignment[a] for a in axes)])
+    for entry in reversed(eliminated):
+        if type(entry) is int:
+            choose(entry, assignment)
+        else:
+            u, axes, argmin = entry
+            assignment[u] = int(argmin[tuple(assignment[a] for a in axes)])
     if folding.leaves:
         assignment = np.array(assignment, dtype=np.int64)
         for us, vs, argmin in folding.leaves:
@@ -242,32 +291,24 @@ def _leaving(nodes: np.ndarray, last: np.ndarray, n: int) -> list:
     return leaving
 
 
-def _frontier_bounds(problem: Problem, schedule: _Schedule, max_states: int,
-                     progress) -> tuple[int, int]:
+def _frontier_bounds(problem: Problem, schedule: _Schedule, max_states: int
+                     ) -> tuple[int, int]:
     """``(most frontier nodes, most states)`` at once along the order, from the choice
     counts alone; :class:`SearchTooLargeError` where the state would exceed ``max_states``."""
-    counts, leaving = schedule.counts, schedule.leaving
-    frontier: dict[int, None] = {}        # in order of joining
-    size, widest, most = 1, 0, 1
-    for v, k in enumerate(counts):
-        if k > 1:
-            if size * k > max_states:
-                names = [problem.names[u] for u in frontier] + [problem.names[v]]
-                raise SearchTooLargeError(
-                    f"the search state at {problem.names[v]!r} would hold {size * k:,} "
-                    f"states (frontier {names}), over max_states={max_states:,}")
-            frontier[v] = None
-            size *= k
-            if size > most:
-                most = size
-        if len(frontier) > widest:
-            widest = len(frontier)
-        for u in leaving[v]:
-            del frontier[u]
-            size //= counts[u]
-        if progress is not None:
-            progress(1)
-    return widest, most
+    states = schedule.states
+    over = np.array([size > max_states for size in states.sizes])
+    if over.any():
+        at = np.flatnonzero(over[states.size_at] & (schedule.count_array > 1))
+        if len(at):
+            v = int(at[0])
+            before = np.flatnonzero(schedule.count_array[:v] > 1)
+            frontier = before[schedule.last[before] >= v].tolist()
+            names = [problem.names[u] for u in frontier] + [problem.names[v]]
+            raise SearchTooLargeError(
+                f"the search state at {problem.names[v]!r} would hold "
+                f"{states.sizes[states.size_at[v]]:,} states (frontier {names}), over "
+                f"max_states={max_states:,}")
+    return states.widest, states.most
 
 
 #: below this, a sum of integers in float64 is exact whatever the order of its additions
@@ -321,11 +362,13 @@ class _Folding:
     leaves: list[tuple[np.ndarray, np.ndarray, np.ndarray]]    # (leaves, their v, each
     #                                      leaf's best choice per x_v), by shape
     constant: float
+    chains: "_Chains"                    # the steps along chains, taken a run at a time
 
     @staticmethod
     def none(problem: Problem, schedule: _Schedule) -> "_Folding":
-        return _Folding([True] * len(problem.names), schedule.leaving, list(problem.unary),
-                        schedule.neighbours(problem), [], 0.0)
+        n = len(problem.names)
+        return _Folding([True] * n, schedule.leaving, list(problem.unary),
+                        schedule.neighbours(problem), [], 0.0, _Chains.none(n))
 
     @staticmethod
     def of(problem: Problem, schedule: _Schedule) -> "_Folding":
@@ -367,9 +410,10 @@ class _Folding:
             for es in by_length.values():    # each matrix's row (first) or column of choice 0
                 stacked = _stack(matrices, which[es], np.full(len(es), first))
                 additions.append((ends[es], stacked[:, 0, :]))
-        for targets, rows in additions:
+        for targets, rows in additions:     # (exact sums: the order of the additions is free)
             if len(targets):
-                np.add.at(flat, starts[targets][:, None] + np.arange(rows.shape[1]), rows)
+                at = (starts[targets][:, None] + np.arange(rows.shape[1])).ravel()
+                flat += np.bincount(at, weights=rows.ravel(), minlength=len(flat))
         neighbours: list = [()] * n
         inner = np.flatnonzero(stays & ~one_u & ~one_v)
         for k, u, v in zip(which[inner].tolist(), eu[inner].tolist(), ev[inner].tolist()):
@@ -384,7 +428,142 @@ class _Folding:
         for v in np.flatnonzero(taken).tolist():
             unary[v] = flat[bounds[v]:bounds[v + 1]]
         return _Folding(kept, _leaving(np.flatnonzero(taken), schedule.last, n), unary,
-                        neighbours, chosen, constant)
+                        neighbours, chosen, constant,
+                        _Chains.of(taken, schedule.last, eu[inner], ev[inner], which[inner],
+                                   matrices, flat, starts, count))
+
+
+@dataclass(frozen=True)
+class _Chains:
+    """The DP's steps along chains, a run at a time (exact sums only: :func:`_exact`).
+
+    A *chain step* takes a node ``v`` whose one edge goes to the frontier's one node ``u``,
+    which leaves at ``v``: ``D'(x_v) = min over x_u of (D(x_u) + pair(x_u, x_v)) + unary(x_v)``,
+    a min-plus product of the table with ``pair + unary``. A *run* is a chain of such steps
+    (each ``u`` the step before's ``v``). Before the DP, each run's matrices are multiplied
+    (min-plus), all runs side by side, their ``t``-th steps at once; the DP then takes a run
+    in one product, from the table where it starts. Afterwards, the steps are taken again
+    from those tables, all runs side by side, for the choices (``argmin``). With exact sums
+    every value is the one step-by-step DP computes, so every choice is too. Runs are
+    grouped by the most choices their nodes have, and padded to it with infinite costs."""
+
+    run_at: list            # node -> its run if the run starts there, -2 at the run's other
+    #                         steps, -1 elsewhere
+    product: list           # run -> its matrices' product [x_u, x_v] (padded)
+    width: list             # run -> the choices of its last node
+    end: list               # run -> its last node
+    choices_of: tuple       # per group of runs: (its runs, longest first; their padded
+    #                         matrices; per step, the matrices (indices into those) and the
+    #                         padded unary costs of the runs that are that long)
+    nodes: list             # run -> its nodes, the source (the frontier's node before) first
+
+    @staticmethod
+    def none(n: int) -> "_Chains":
+        return _Chains([-1] * n, [], [], [], (), [])
+
+    @staticmethod
+    def of(taken: np.ndarray, last: np.ndarray, eu: np.ndarray, ev: np.ndarray,
+           which: np.ndarray, matrices: list, flat: np.ndarray, starts: np.ndarray,
+           count: np.ndarray) -> "_Chains":
+        """``taken``: the nodes the DP takes; ``eu``, ``ev``, ``which``: the edges between
+        them; ``flat``, ``starts``: their unary costs (:func:`_flat`)."""
+        n = len(taken)
+        edges_in = np.bincount(ev, minlength=n)
+        single = edges_in[ev] == 1
+        source = np.full(n, -1, dtype=np.int64)
+        matrix = np.full(n, -1, dtype=np.int64)
+        source[ev[single]], matrix[ev[single]] = eu[single], which[single]
+        leave = np.bincount(last[np.flatnonzero(taken)], minlength=n)
+        # the frontier's size before each node: those taken before it less those gone
+        size = np.cumsum(taken) - taken - (np.cumsum(leave) - leave)
+        chain = taken & (size == 1) & (edges_in == 1) & (leave == 1)
+        at = np.flatnonzero(chain)
+        at = at[last[source[at]] == at]      # the one leaving is its edge's other end
+        if not len(at):
+            return _Chains.none(n)
+        chain[:] = False
+        chain[at] = True
+        # a run goes on from the step before when no other node is taken in between (one
+        # that is joins the frontier, and may leave before the next step)
+        taken_by = np.cumsum(taken)
+        first = np.flatnonzero(~chain[source[at]] | (taken_by[at - 1] != taken_by[source[at]]))
+        length = np.diff(np.append(first, len(at)))
+        rest = np.setdiff1d(np.arange(len(at)), first)
+        if np.any(source[at[rest]] != at[rest - 1]):
+            raise RuntimeError("a run of chain steps is not contiguous (a bug)")
+        begin, end = at[first], at[first + length - 1]
+        width = np.maximum(np.maximum.reduceat(count[at], first), count[source[begin]])
+        run_at = np.full(n, -1, dtype=np.int64)
+        run_at[at] = -2
+        run_at[begin] = np.arange(len(first))
+        flat_at = at.tolist()
+        nodes = [[s] + flat_at[a:a + k] for s, a, k in
+                 zip(source[begin].tolist(), first.tolist(), length.tolist())]
+        product: list = [None] * len(first)
+        groups = []
+        for k in np.unique(width).tolist():
+            runs = np.flatnonzero(width == k)
+            runs = runs[np.argsort(-length[runs], kind="stable")]
+            active = np.searchsorted(-length[runs], -np.arange(int(length[runs[0]])), "left")
+            steps = [at[first[runs[:m]] + t] for t, m in enumerate(active.tolist())]
+            used, index = np.unique(matrix[np.concatenate(steps)], return_inverse=True)
+            padded = np.full((len(used), k, k), np.inf)
+            for j, m in enumerate(used.tolist()):
+                rows, cols = matrices[m].shape
+                padded[j, :rows, :cols] = matrices[m]
+            bounds = np.cumsum([0] + [len(x) for x in steps])
+            costs = [(index[a:b], _padded_rows(flat, starts, count, x, k))
+                     for x, a, b in zip(steps, bounds[:-1].tolist(), bounds[1:].tolist())]
+            total = padded[costs[0][0]] + costs[0][1][:, None, :]
+            for m, (mats, unary) in zip(active[1:].tolist(), costs[1:]):
+                total[:m] = _min_plus(total[:m], padded[mats] + unary[:, None, :])
+            for j, r in enumerate(runs.tolist()):
+                product[r] = total[j]
+            groups.append((runs.tolist(), padded, costs))
+        return _Chains(run_at.tolist(), product,
+                       count[end].tolist(), end.tolist(), tuple(groups), nodes)
+
+    def choices(self, starts: list[np.ndarray]):
+        """``choose(run, assignment)``, which sets the choices of a run's nodes but its last
+        from the last's: ``starts``, the table where each run starts."""
+        found: list = [None] * len(self.product)     # run -> each step's argmin rows
+        for runs, padded, costs in self.choices_of:
+            k = padded.shape[1]
+            table = np.full((len(runs), k), np.inf)
+            for j, r in enumerate(runs):
+                table[j, :len(starts[r])] = starts[r]
+            argmins = []
+            for mats, unary in costs:
+                step = table[:len(mats), :, None] + padded[mats]
+                argmins.append(step.argmin(1).tolist())
+                table = np.minimum.reduce(step, 1) + unary
+            for j, r in enumerate(runs):
+                found[r] = [rows[j] for rows in argmins[:len(self.nodes[r]) - 1]]
+        nodes = self.nodes
+
+        def choose(r: int, assignment: list[int]) -> None:
+            run, rows = nodes[r], found[r]
+            for t in range(len(rows) - 1, -1, -1):
+                assignment[run[t]] = rows[t][assignment[run[t + 1]]]
+        return choose
+
+
+def _padded_rows(flat: np.ndarray, starts: np.ndarray, count: np.ndarray, nodes: np.ndarray,
+                 k: int) -> np.ndarray:
+    """The unary costs of ``nodes`` (:func:`_flat`) as rows of ``k``, padded with inf."""
+    columns = np.arange(k)
+    index = starts[nodes][:, None] + columns
+    valid = columns < count[nodes][:, None]
+    return np.where(valid, flat[np.where(valid, index, 0)], np.inf)
+
+
+def _min_plus(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The min-plus products ``a[i] * b[i]`` (``min over y of a[i, x, y] + b[i, y, z]``), a
+    few at a time where they are large."""
+    batch = max(1, _MIN_PLUS_ELEMENTS // max(1, a.shape[1] * a.shape[2] * b.shape[2]))
+    return np.concatenate([np.minimum.reduce(a[i:i + batch, :, :, None] +
+                                             b[i:i + batch, None, :, :], 2)
+                           for i in range(0, len(a), batch)])
 
 
 def _edge_matrices(problem: Problem) -> tuple[list[np.ndarray], np.ndarray]:
@@ -418,11 +597,17 @@ def _stack(arrays: list[np.ndarray], index: np.ndarray, as_given: np.ndarray | N
 
 def _flat(unary: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
     """The unary costs end to end (a copy), and where each node's start (one more: the
-    end)."""
+    end). Each distinct array is copied once, then spread (nodes share them)."""
+    lengths = np.fromiter(map(len, unary), dtype=np.int64, count=len(unary))
     starts = np.zeros(len(unary) + 1, dtype=np.int64)
-    starts[1:] = np.cumsum([len(c) for c in unary])
-    flat = np.concatenate(unary).astype(np.float64) if unary else np.zeros(0)
-    return flat, starts
+    np.cumsum(lengths, out=starts[1:])
+    if not len(unary):
+        return np.zeros(0), starts
+    distinct, which = _distinct(unary, np.arange(len(unary)))
+    pieces = np.concatenate(distinct).astype(np.float64)
+    offsets = np.cumsum([0] + [len(d) for d in distinct[:-1]])
+    spread = np.repeat(offsets[which] - starts[:-1], lengths) + np.arange(int(starts[-1]))
+    return pieces[spread], starts
 
 
 def _leaves(schedule: _Schedule) -> tuple[np.ndarray, ...]:

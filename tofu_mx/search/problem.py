@@ -11,6 +11,7 @@ MXNet, no shapes. :mod:`tofu_mx.search.cut` builds this problem from an analysed
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Sequence
@@ -144,3 +145,20 @@ def make_indexed_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
     return Problem(tuple(names), tuple(map(tuple, choices)),
                    tuple(map(np.asarray, unary, repeat(np.float64))), tuple(edges),
                    EdgeArrays(first_u, first_v, final, oriented))
+
+
+def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True)`` for rows of non-negative integers,
+    through one integer per row where the columns' ranges allow (sorting rows as bytes is
+    slow)."""
+    if not len(rows):
+        return rows, np.zeros(0, dtype=np.int64)
+    ranges = [int(x) + 1 for x in rows.max(axis=0)]
+    if math.prod(ranges) >= 1 << 62:
+        distinct, which = np.unique(rows, axis=0, return_inverse=True)
+        return distinct, which.reshape(-1)
+    combined = np.zeros(len(rows), dtype=np.int64)
+    for column, n in zip(rows.T, ranges):
+        combined = combined * n + column
+    _, first, which = np.unique(combined, return_index=True, return_inverse=True)
+    return rows[first], which.reshape(-1)

@@ -69,3 +69,42 @@ def test_only_exact_costs_are_folded():
                                  [np.zeros(2)] * (edges + 1), np.zeros(edges, dtype=int),
                                  np.arange(1, edges + 1), np.zeros(edges, dtype=int), [big])
         assert len({id(m) for _, _, m in p.edges}) == 1 and dp._exact(p) == exact
+
+
+def chain_problem(rng, n):
+    """Runs of chain steps (each node's one edge to the node before), of 1 to 6 choices,
+    broken by nodes of one choice, by leaves, and by edges that skip ahead."""
+    counts = rng.integers(1, 7, n)
+    counts[rng.random(n) < 0.7] = int(rng.integers(2, 7))     # long runs of one width
+    choices = [tuple(f"c{k}" for k in range(c)) for c in counts]
+    unary = [rng.integers(0, 4, c).astype(float) for c in counts]
+    edges = []
+    for v in range(1, n):
+        r = rng.random()
+        u = v - 1 if r < 0.85 else int(rng.integers(max(0, v - 5), v))
+        edges.append((u, v, rng.integers(0, 4, (counts[u], counts[v])).astype(float)))
+        if rng.random() < 0.05 and v + 3 < n:       # a skip over a few nodes
+            w = int(rng.integers(v + 1, min(n, v + 4)))
+            edges.append((v, w, rng.integers(0, 4, (counts[v], counts[w])).astype(float)))
+    return make_problem([f"n{i}" for i in range(n)], choices, unary, edges)
+
+
+@pytest.mark.parametrize("batch", [None, 7])
+def test_chain_runs_change_nothing(monkeypatch, batch):
+    """The runs of chain steps, taken a run at a time (all runs' products side by side, then
+    their choices), give what the full DP gives, step by step; ``batch``: min-plus products
+    taken a few at a time."""
+    if batch is not None:
+        monkeypatch.setattr(dp, "_MIN_PLUS_ELEMENTS", batch)
+    runs = 0
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        p = chain_problem(rng, int(rng.integers(2, 80)))
+        schedule = dp._Schedule.of(p)
+        runs += len(dp._Folding.of(p, schedule).chains.product)
+        batched = dp.solve_dp(p, order="index")
+        with monkeypatch.context() as m:
+            m.setattr(dp, "_exact", lambda problem: False)
+            full = dp.solve_dp(p, order="index")
+        assert batched == full, f"reproduce: seed {seed}"
+    assert runs > 1000      # the runs were taken

@@ -5,8 +5,7 @@ import pytest
 from tofu_mx.search.baselines import solve_greedy
 from tofu_mx.search.dp import SearchTooLargeError, solve_dp
 from tofu_mx.search.exact import solve_brute_force, solve_ilp
-from tofu_mx.search.cut import _distinct_rows
-from tofu_mx.search.problem import make_indexed_problem, make_problem
+from tofu_mx.search.problem import distinct_rows, make_indexed_problem, make_problem
 
 
 def random_problem(rng, n, max_choices=3, density=2.0, local=None):
@@ -103,7 +102,7 @@ def test_distinct_rows_are_numpy_unique_rows(big):
     if big:     # columns whose ranges multiply past 2**62 take numpy's own way
         rows[:, 0] *= 1 << 40
         rows[:, 1] *= 1 << 30
-    distinct, which = _distinct_rows(rows)
+    distinct, which = distinct_rows(rows)
     expected, inverse = np.unique(rows, axis=0, return_inverse=True)
     assert np.array_equal(distinct, expected) and np.array_equal(which, inverse.reshape(-1))
     assert np.array_equal(distinct[which], rows)
