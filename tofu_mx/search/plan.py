@@ -534,10 +534,12 @@ def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
     are kept for the backward pass even by operators that re-fetch."""
     structure = GraphStructure.of(graph) if structure is None else structure
     view, results = View.of(graph), []
-    for parts in order:
-        result = _solve_level(graph, view, parts, options, choose, structure, kept_tensors)
-        results.append(result)
-        view = next_view(result.cut, result.members, result.var_layout)
+    for level, parts in enumerate(order):
+        if level:
+            last = results[-1]
+            view = next_view(last.cut, last.members, last.var_layout)
+        results.append(_solve_level(graph, view, parts, options, choose, structure,
+                                    kept_tensors))
     return results
 
 
