@@ -203,21 +203,17 @@ class _Schedule:
     count_array: np.ndarray               # the same, as an array
     ends: tuple[np.ndarray, np.ndarray]   # each edge's (u, v), u < v, in the problem's order
     last: np.ndarray                      # each node's last neighbour (or itself)
-    leaving: list                         # v -> the nodes of more than one choice whose
-    #                                       last is v, in index order (an empty tuple: none)
     states: _States                       # the states along the order
 
     @staticmethod
     def of(problem: Problem) -> "_Schedule":
         n = len(problem.names)
-        counts = [len(c) for c in problem.choices]
+        counts = list(map(len, problem.choices))
         count_array = np.array(counts, dtype=np.int64)
         u, v = _ends(problem)
         last = np.arange(n, dtype=np.int64)
         np.maximum.at(last, u, v)
-        several = np.flatnonzero(count_array > 1)     # a node with one choice takes no axis
-        return _Schedule(counts, count_array, (u, v), last, _leaving(several, last, n),
-                         _States.of(count_array, last))
+        return _Schedule(counts, count_array, (u, v), last, _States.of(count_array, last))
 
     def neighbours(self, problem: Problem) -> list[list[tuple[int, np.ndarray]]]:
         """v -> (u, m[x_u, x_v]) for each edge (u, v), u < v, in edge order."""
@@ -242,26 +238,29 @@ def _eliminate(problem: Problem, schedule: "_Schedule", max_states: int,
     unary, neighbours, counts = folding.unary, folding.neighbours, schedule.counts
     chains = folding.chains
     run_at, starts = chains.run_at, []      # the table where each run of chain steps starts
-    for v, leaving in enumerate(folding.leaving):
-        if progress is not None and not v % _PROGRESS_STEP:
-            progress(min(_PROGRESS_STEP, n - v))
+    all_leaving, reported = folding.leaving, 0
+    for v in folding.steps:
+        if progress is not None and v - reported >= _PROGRESS_STEP:
+            progress(v - reported)
+            reported = v
         if kept[v]:
             r = run_at[v]
-            if r != -1:     # a step along a chain: its run is taken at its first step
-                if r >= 0:
-                    starts.append(table)
-                    table = np.minimum.reduce(table[:, None] + chains.product[r][:len(table)],
-                                              0)[:chains.width[r]]
-                    frontier[0] = chains.end[r]
-                    eliminated.append(r)
+            if r >= 0:      # a run of chain steps, taken at its first
+                starts.append(table)
+                table = np.minimum.reduce(table[:, None] + chains.product[r][:len(table)],
+                                          0)[:chains.width[r]]
+                frontier[0] = chains.end[r]
+                eliminated.append(r)
                 continue
             table = _add_node(table, frontier, v, unary[v], neighbours[v], counts)
-        for u in leaving:
+        for u in all_leaving[v]:
             axis = frontier.index(u)
             eliminated.append((u, tuple(frontier[:axis] + frontier[axis + 1:]),
                                table.argmin(axis)))
             table = np.minimum.reduce(table, axis)  # table.min(axis), without its wrapper
             frontier.pop(axis)
+    if progress is not None and n > reported:
+        progress(n - reported)
     choose = chains.choices(starts)
     assignment = [0] * n
     for entry in reversed(eliminated):
@@ -354,6 +353,9 @@ class _Folding:
     """
 
     kept: list[bool]                     # node -> whether the DP takes it
+    steps: list[int]                     # the nodes where the DP does something, in order:
+    #                                      those it takes (a run of chain steps: its first)
+    #                                      and those where some leave
     leaving: list                        # v -> the kept nodes of more than one choice whose
     #                                      last neighbour is v, in index order (or empty)
     unary: list                          # node -> its unary cost, with what was moved onto it
@@ -367,8 +369,10 @@ class _Folding:
     @staticmethod
     def none(problem: Problem, schedule: _Schedule) -> "_Folding":
         n = len(problem.names)
-        return _Folding([True] * n, schedule.leaving, list(problem.unary),
-                        schedule.neighbours(problem), [], 0.0, _Chains.none(n))
+        several = np.flatnonzero(schedule.count_array > 1)  # one choice takes no axis
+        return _Folding([True] * n, list(range(n)), _leaving(several, schedule.last, n),
+                        list(problem.unary), schedule.neighbours(problem), [], 0.0,
+                        _Chains.none(n))
 
     @staticmethod
     def of(problem: Problem, schedule: _Schedule) -> "_Folding":
@@ -414,23 +418,33 @@ class _Folding:
             if len(targets):
                 at = (starts[targets][:, None] + np.arange(rows.shape[1])).ravel()
                 flat += np.bincount(at, weights=rows.ravel(), minlength=len(flat))
-        neighbours: list = [()] * n
         inner = np.flatnonzero(stays & ~one_u & ~one_v)
+        taken = ~one & ~is_leaf
+        chains = _Chains.of(taken, schedule.last, eu[inner], ev[inner], which[inner],
+                            matrices, flat, starts, count)
+        # the nodes taken one at a time (not in a run of chain steps): their edges and costs
+        alone = taken.copy()
+        alone[chains.members] = False
+        neighbours: list = [()] * n
+        inner = inner[alone[ev[inner]]]
         for k, u, v in zip(which[inner].tolist(), eu[inner].tolist(), ev[inner].tolist()):
             if neighbours[v]:
                 neighbours[v].append((u, matrices[k]))
             else:
                 neighbours[v] = [(u, matrices[k])]
-        taken = ~one & ~is_leaf
-        kept = taken.tolist()
         unary = list(problem.unary)
         bounds = starts.tolist()
-        for v in np.flatnonzero(taken).tolist():
+        for v in np.flatnonzero(alone).tolist():
             unary[v] = flat[bounds[v]:bounds[v + 1]]
-        return _Folding(kept, _leaving(np.flatnonzero(taken), schedule.last, n), unary,
-                        neighbours, chosen, constant,
-                        _Chains.of(taken, schedule.last, eu[inner], ev[inner], which[inner],
-                                   matrices, flat, starts, count))
+        kept_nodes = np.flatnonzero(taken)
+        leave = np.zeros(n, dtype=bool)
+        leave[schedule.last[kept_nodes]] = True
+        inside = np.zeros(n, dtype=bool)     # a run's steps after its first
+        inside[chains.members] = True
+        inside[chains.firsts] = False
+        steps = np.flatnonzero((taken & ~inside) | (leave & ~taken)).tolist()
+        return _Folding(taken.tolist(), steps, _leaving(kept_nodes, schedule.last, n), unary,
+                        neighbours, chosen, constant, chains)
 
 
 @dataclass(frozen=True)
@@ -447,8 +461,7 @@ class _Chains:
     every value is the one step-by-step DP computes, so every choice is too. Runs are
     grouped by the most choices their nodes have, and padded to it with infinite costs."""
 
-    run_at: list            # node -> its run if the run starts there, -2 at the run's other
-    #                         steps, -1 elsewhere
+    run_at: list            # node -> the run starting there, else -1
     product: list           # run -> its matrices' product [x_u, x_v] (padded)
     width: list             # run -> the choices of its last node
     end: list               # run -> its last node
@@ -456,10 +469,12 @@ class _Chains:
     #                         matrices; per step, the matrices (indices into those) and the
     #                         padded unary costs of the runs that are that long)
     nodes: list             # run -> its nodes, the source (the frontier's node before) first
+    members: np.ndarray     # the nodes of every run (not their sources)
+    firsts: np.ndarray      # run -> its first node
 
     @staticmethod
     def none(n: int) -> "_Chains":
-        return _Chains([-1] * n, [], [], [], (), [])
+        return _Chains([-1] * n, [], [], [], (), [], *[np.zeros(0, dtype=np.int64)] * 2)
 
     @staticmethod
     def of(taken: np.ndarray, last: np.ndarray, eu: np.ndarray, ev: np.ndarray,
@@ -494,7 +509,6 @@ class _Chains:
         begin, end = at[first], at[first + length - 1]
         width = np.maximum(np.maximum.reduceat(count[at], first), count[source[begin]])
         run_at = np.full(n, -1, dtype=np.int64)
-        run_at[at] = -2
         run_at[begin] = np.arange(len(first))
         flat_at = at.tolist()
         nodes = [[s] + flat_at[a:a + k] for s, a, k in
@@ -521,7 +535,7 @@ class _Chains:
                 product[r] = total[j]
             groups.append((runs.tolist(), padded, costs))
         return _Chains(run_at.tolist(), product,
-                       count[end].tolist(), end.tolist(), tuple(groups), nodes)
+                       count[end].tolist(), end.tolist(), tuple(groups), nodes, at, begin)
 
     def choices(self, starts: list[np.ndarray]):
         """``choose(run, assignment)``, which sets the choices of a run's nodes but its last

@@ -108,3 +108,15 @@ def test_chain_runs_change_nothing(monkeypatch, batch):
             full = dp.solve_dp(p, order="index")
         assert batched == full, f"reproduce: seed {seed}"
     assert runs > 1000      # the runs were taken
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_progress_counts_every_node_once(monkeypatch, exact):
+    monkeypatch.setattr(dp, "_PROGRESS_STEP", 5)
+    rng = np.random.default_rng(0)
+    p = chain_problem(rng, 60)
+    if not exact:
+        monkeypatch.setattr(dp, "_exact", lambda problem: False)
+    seen = []
+    dp.solve_dp(p, order="index", progress=seen.append)
+    assert sum(seen) == 60 and len(seen) > 3 and min(seen) > 0
