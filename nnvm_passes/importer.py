@@ -10,12 +10,15 @@ import ctypes
 import difflib
 import json
 import math
-from concurrent.futures import ThreadPoolExecutor
+from array import array
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import _LIB, SymbolHandle, check_call
+from mxnet.base import _LIB, SymbolHandle, c_array_buf, c_str_array, check_call, mx_uint
+from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX, _int64_enabled
 
 from nnvm_passes.ir import (NO_EXTRA, Entry, FrozenDict, Graph, Node, TensorInfo, is_hidden_attr,
                             parse_attr_value)
@@ -176,23 +179,102 @@ def internals_of(symbol: mx.sym.Symbol) -> tuple[mx.sym.Symbol, list[str]]:
     return internals, internals.list_outputs()
 
 
+@dataclass(frozen=True)
+class _Shapes:
+    """Shapes MXNet inferred, as arrays: entry ``k`` has ``ndim[k]`` dims (0 or less:
+    unknown), ``dims[start[k]:start[k + 1]]``."""
+
+    ndim: np.ndarray
+    dims: np.ndarray
+    start: np.ndarray
+
+    @staticmethod
+    def of(ndim: np.ndarray, dims: np.ndarray) -> "_Shapes":
+        start = np.zeros(len(ndim) + 1, dtype=np.int64)
+        np.cumsum(np.maximum(ndim, 0), out=start[1:])
+        return _Shapes(ndim, dims, start)
+
+    def unknown(self) -> np.ndarray:
+        """Per entry, whether its shape is unknown (:func:`_unknown`: no dims, or a 0)."""
+        zeros = np.zeros(len(self.dims) + 1, dtype=np.int64)
+        np.cumsum(self.dims == 0, out=zeros[1:])
+        return (self.ndim <= 0) | (zeros[self.start[1:]] > zeros[self.start[:-1]])
+
+
+def _infer_shape_arrays(symbol: mx.sym.Symbol, shapes: Mapping[str, tuple[int, ...]]
+                        ) -> tuple[_Shapes, _Shapes, _Shapes]:
+    """``symbol.infer_shape_partial(**shapes)`` as arrays (:class:`_Shapes`) of its
+    arguments, outputs and aux states. MXNet returns every entry's dims end to end in one
+    buffer; reading it whole spares the tuple per entry its Python wrapper makes (a third
+    of the inference at 100,000 operators). Where the buffer is not one piece, the wrapper's
+    tuples are read instead."""
+    wide = _int64_enabled()
+    dim_t, ptr_t = (ctypes.c_int64, "q") if wide else (ctypes.c_int, "i")
+    keys = list(shapes)
+    indptr = np.cumsum([0] + [len(shapes[k]) for k in keys]).tolist()
+    sizes = [mx_uint() for _ in range(3)]
+    ndims = [ctypes.POINTER(ctypes.c_int)() for _ in range(3)]
+    data = [ctypes.POINTER(ctypes.POINTER(dim_t))() for _ in range(3)]
+    complete = ctypes.c_int()
+    infer = _LIB.MXSymbolInferShapePartialEx64 if wide else _LIB.MXSymbolInferShapePartialEx
+    check_call(infer(symbol.handle, mx_uint(len(keys)), c_str_array(keys),
+                     c_array_buf(ctypes.c_int64 if wide else mx_uint,
+                                 array("q" if wide else "I", indptr)),
+                     c_array_buf(dim_t, array(ptr_t, [d for k in keys for d in shapes[k]])),
+                     *(x for triple in zip(sizes, ndims, data) for x in map(ctypes.byref, triple)),
+                     ctypes.byref(complete)))
+    found = []
+    for size, ndim_p, data_p in zip(sizes, ndims, data):
+        n = size.value
+        ndim = np.ctypeslib.as_array(ndim_p, (n,)).astype(np.int64) if n else \
+            np.zeros(0, dtype=np.int64)
+        shape = _Shapes.of(ndim, np.zeros(0, dtype=np.int64))
+        total = int(shape.start[-1])
+        if total:
+            at = np.ctypeslib.as_array(ctypes.cast(data_p, ctypes.POINTER(ctypes.c_uint64)),
+                                       (n,)).astype(np.int64)
+            if not _one_buffer(at, shape.start, ctypes.sizeof(dim_t)):
+                return _wrapped_shape_arrays(symbol, shapes)
+            dims = np.ctypeslib.as_array(ctypes.cast(int(at[0]), ctypes.POINTER(dim_t)),
+                                         (total,)).astype(np.int64)
+            shape = _Shapes(ndim, dims, shape.start)
+        found.append(shape)
+    return tuple(found)
+
+
+def _one_buffer(at: np.ndarray, start: np.ndarray, itemsize: int) -> bool:
+    """Whether the entries' dims (at addresses ``at``) lie end to end in one buffer."""
+    return bool(np.array_equal(at - at[0], start[:-1] * itemsize))
+
+
+def _wrapped_shape_arrays(symbol: mx.sym.Symbol, shapes: Mapping[str, tuple[int, ...]]
+                          ) -> tuple[_Shapes, _Shapes, _Shapes]:
+    """:func:`_infer_shape_arrays` through MXNet's own wrapper."""
+    found = []
+    for entries in symbol.infer_shape_partial(**shapes):
+        entries = [() if s is None else s for s in entries]
+        found.append(_Shapes.of(np.array([len(s) for s in entries], dtype=np.int64),
+                                np.array([d for s in entries for d in s], dtype=np.int64)))
+    return tuple(found)
+
+
 def _infer_shapes(everything: mx.sym.Symbol, shapes: dict, arg_names: list[str],
-                  aux_names: list[str]) -> list:
+                  aux_names: list[str]) -> _Shapes:
     try:
-        arg_shapes, out_shapes, aux_shapes = everything.infer_shape_partial(**shapes)
+        arg_shapes, out_shapes, aux_shapes = _infer_shape_arrays(everything, shapes)
     except mx.base.MXNetError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
         raise ShapeInferenceError(
             f"MXNet cannot infer the graph's shapes from {_fmt(shapes)}: {first}. "
             f"Check the input shapes against what the first layers expect.") from e
-    missing = [n for n, s in zip(arg_names, arg_shapes) if _unknown(s)]
-    missing += [n for n, s in zip(aux_names, aux_shapes) if _unknown(s)]
+    missing = [arg_names[k] for k in np.flatnonzero(arg_shapes.unknown()).tolist()]
+    missing += [aux_names[k] for k in np.flatnonzero(aux_shapes.unknown()).tolist()]
     if missing:
         raise ShapeInferenceError(
             f"the shapes of {', '.join(missing)} cannot be inferred from {_fmt(shapes)}. "
             f"Pass them as keywords (e.g. {missing[0]}=(...)), or give the shapes of the "
             f"inputs they depend on.")
-    unknown = [k for k, s in enumerate(out_shapes) if _unknown(s)]
+    unknown = np.flatnonzero(out_shapes.unknown()).tolist()
     if unknown:
         names = everything.list_outputs()
         missing = [names[k] for k in unknown]
@@ -202,21 +284,57 @@ def _infer_shapes(everything: mx.sym.Symbol, shapes: dict, arg_names: list[str],
     return out_shapes
 
 
-def _infer_dtypes(everything: mx.sym.Symbol, dtypes: dict) -> list:
+def _infer_dtypes(everything: mx.sym.Symbol, dtypes: dict) -> np.ndarray:
+    """MXNet's dtype of every output of ``everything``, as its type codes (read as one
+    array, not through the Python wrapper's list)."""
+    keys = [k for k, v in dtypes.items() if np.dtype(v).type in _DTYPE_NP_TO_MX]
+    sizes = [mx_uint() for _ in range(3)]
+    data = [ctypes.POINTER(ctypes.c_int)() for _ in range(3)]
+    complete = ctypes.c_int()
     try:
-        _, out_types, _ = everything.infer_type_partial(**dtypes)
+        check_call(_LIB.MXSymbolInferTypePartial(
+            everything.handle, mx_uint(len(keys)), c_str_array(keys),
+            c_array_buf(ctypes.c_int, array("i", [_DTYPE_NP_TO_MX[np.dtype(dtypes[k]).type]
+                                                 for k in keys])),
+            *(x for pair in zip(sizes, data) for x in map(ctypes.byref, pair)),
+            ctypes.byref(complete)))
     except mx.base.MXNetError as e:
         first = str(e).strip().splitlines()[0]
         raise ShapeInferenceError(
             f"MXNet cannot infer the graph's dtypes from {_fmt(dtypes)}: {first}") from e
-    if None in out_types:
-        missing = [n for n, t in zip(everything.list_outputs(), out_types) if t is None]
+    n = sizes[1].value
+    codes = np.ctypeslib.as_array(data[1], (n,)).astype(np.int64) if n else \
+        np.zeros(0, dtype=np.int64)
+    unknown = np.flatnonzero(codes == -1).tolist()
+    if unknown:
+        names = everything.list_outputs()
+        missing = [names[k] for k in unknown]
         raise ShapeInferenceError(
             f"the dtypes of {', '.join(missing[:8])} cannot be inferred from {_fmt(dtypes)}; "
             f"pass dtypes={{name: 'float32', ...}} for them.")
-    names: dict[Any, str] = {}
-    return [names[t] if t in names else names.setdefault(t, np.dtype(t).name)
-            for t in out_types]
+    return codes
+
+
+def _tensor_infos(shapes: _Shapes, codes: np.ndarray) -> tuple[list[TensorInfo], list[int]]:
+    """The distinct (shape, dtype) of the entries, and which of them each entry has."""
+    n = len(shapes.ndim)
+    if not n:
+        return [], []
+    width = int(shapes.ndim.max(initial=0))
+    rows = np.zeros((n, width + 2), dtype=np.int64)
+    rows[:, 0], rows[:, 1] = codes, shapes.ndim
+    lengths = np.diff(shapes.start)
+    entry = np.repeat(np.arange(n), lengths)
+    rows[entry, 2 + np.arange(len(shapes.dims)) - shapes.start[entry]] = shapes.dims
+    keys = np.ascontiguousarray(rows).view(np.dtype((np.void, rows.shape[1] * 8))).ravel()
+    _, first, which = np.unique(keys, return_index=True, return_inverse=True)
+    names: dict[int, str] = {}
+    infos = []
+    for code, ndim, *dims in rows[first].tolist():
+        if code not in names:
+            names[code] = np.dtype(_DTYPE_MX_TO_NP[code]).name
+        infos.append(TensorInfo(tuple(dims[:ndim]), names[code]))
+    return infos, which.reshape(-1).tolist()
 
 
 def _fmt(values: Mapping[str, Any]) -> str:
@@ -261,24 +379,23 @@ def _classify(js: dict, aux: set[str], data_names: set[str], labels: set[int]) -
 
 
 def _data_inputs(symbol: mx.sym.Symbol, shapes: Mapping[str, tuple[int, ...]],
-                 arg_names: list[str], decided: set[str] = frozenset()) -> list[str]:
+                 arg_names: list[str], decided: set[str] = frozenset(),
+                 known: Mapping[str, Future] | None = None) -> list[str]:
     """The inputs whose shapes are given and that MXNet cannot infer from the other given
     shapes: the data. A shape given for a weight (``fc_weight=(8, 6)``), which MXNet infers
     from the data's, leaves it a parameter. If every given shape follows from the others
     (``a * b`` with both given), all of them are data.
 
     ``decided``: inputs whose kind does not depend on being data (labels, aux states), tested
-    last and only when no other is data (each test is one shape inference of the graph)."""
+    last and only when no other is data (each test is one shape inference of the graph);
+    ``known``: tests begun already (:func:`_needed`), by input name."""
     if len(shapes) < 2:
         return list(shapes)
 
     def needed(name: str) -> bool:
-        others = {k: v for k, v in shapes.items() if k != name}
-        try:
-            inferred = symbol.infer_shape_partial(**others)[0]
-        except mx.base.MXNetError:
-            return True     # the others alone contradict: the given shape is needed
-        return name not in arg_names or _unknown(inferred[arg_names.index(name)])
+        if known and name in known:
+            return known[name].result()
+        return _needed(symbol, shapes, arg_names, name)
 
     data = [name for name in shapes if name not in decided and needed(name)]
     if data:
@@ -286,16 +403,28 @@ def _data_inputs(symbol: mx.sym.Symbol, shapes: Mapping[str, tuple[int, ...]],
     return [name for name in shapes if name in decided and needed(name)] or list(shapes)
 
 
+def _needed(symbol: mx.sym.Symbol, shapes: Mapping[str, tuple[int, ...]],
+            arg_names: list[str], name: str) -> bool:
+    """Whether MXNet cannot infer input ``name``'s shape from the other given ``shapes``."""
+    others = {k: v for k, v in shapes.items() if k != name}
+    try:
+        inferred = _infer_shape_arrays(symbol, others)[0]
+    except mx.base.MXNetError:
+        return True     # the others alone contradict: the given shape is needed
+    return name not in arg_names or bool(inferred.unknown()[arg_names.index(name)])
+
+
 def _roles(symbol: mx.sym.Symbol, js: dict, shapes: Mapping[str, tuple[int, ...]],
            arg_names: list[str], aux_names: list[str], data_names: list[str] | None,
-           label_inputs: LabelInputs | None) -> tuple[set[int], list[str]]:
+           label_inputs: LabelInputs | None, known: Mapping[str, Future] | None = None
+           ) -> tuple[set[int], list[str]]:
     """The label nodes (:func:`_labels`) and the data inputs: ``data_names``, or by default
-    :func:`_data_inputs`."""
+    :func:`_data_inputs` (``known``: its tests begun already)."""
     labels = _labels(js, label_inputs)
     if data_names is None:
         decided = set(aux_names) | {js["nodes"][i]["name"] for i in labels} | \
             {n for n in shapes if n.endswith("label")}
-        data_names = _data_inputs(symbol, shapes, arg_names, decided)
+        data_names = _data_inputs(symbol, shapes, arg_names, decided, known)
     return labels, data_names
 
 
@@ -313,11 +442,28 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
     """
     check_symbol(symbol)
     # MXNet's C calls (saving the JSON, listing, inferring) release the GIL: the independent
-    # ones run side by side on two threads (at 100,000 operators they are most of the import)
+    # ones run side by side on two threads (at 100,000 operators they are most of the
+    # import). The data-input tests need no JSON: those of the inputs no name or aux state
+    # decides begin while it is saved (a label the JSON shows may leave one unused).
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="tofu_mx-import") as pool:
         text = pool.submit(symbol_json, symbol)
         arg_names = symbol.list_arguments()
         aux_names = symbol.list_auxiliary_states()
+        inputs = arg_names + aux_names
+        try:        # raised after the JSON's own check, whose error comes first
+            dtypes = _check_dtypes(dtypes)
+            _check_names(shapes, inputs, "shape")
+            _check_names(dtypes, inputs, "dtype")
+            shapes = {k: _check_shape(k, v) for k, v in shapes.items()}
+            _check_given_shapes(symbol, shapes, arg_names, aux_names)
+            if data_names is not None:
+                _check_names(dict.fromkeys(data_names), inputs, "data name")
+            invalid = None
+        except Exception as e:      # noqa: BLE001 (raised below, in its turn)
+            invalid = e
+        known = {} if invalid is not None or data_names is not None or len(shapes) < 2 else {
+            name: pool.submit(_needed, symbol, shapes, arg_names, name)
+            for name in shapes if name not in aux_names and not name.endswith("label")}
         internals = internals_of(symbol)
         js = json.loads(text.result())
         first: dict[str, int] = {}
@@ -327,59 +473,43 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
                     f"the symbol has two nodes named {node['name']!r} (nodes "
                     f"{first[node['name']]} and {i}); MXNet binds variables and tofu_mx places "
                     f"operators by name: give each node its own name")
-        inputs = arg_names + aux_names
-        dtypes = _check_dtypes(dtypes)
-        _check_names(shapes, inputs, "shape")
-        _check_names(dtypes, inputs, "dtype")
-        shapes = {k: _check_shape(k, v) for k, v in shapes.items()}
-        _check_given_shapes(symbol, shapes, arg_names, aux_names)
-        if data_names is not None:
-            _check_names(dict.fromkeys(data_names), inputs, "data name")
+        if invalid is not None:
+            raise invalid
         type_dict = {k: "float32" for k in shapes}
         type_dict.update(dtypes)
 
         everything = every_entry_symbol(symbol, js, internals)
         types = pool.submit(_infer_dtypes, everything, type_dict)
         roles = pool.submit(_roles, symbol, js, shapes, arg_names, aux_names, data_names,
-                            label_inputs)
+                            label_inputs, known)
         out_shapes = _infer_shapes(everything, shapes, arg_names, aux_names)
         out_types = types.result()
         labels, data_names = roles.result()
     kinds = _classify(js, set(aux_names), set(data_names), labels)
-
-    return Graph(nodes=_nodes(js, out_shapes, out_types, kinds),
+    infos, info_at = _tensor_infos(out_shapes, out_types)
+    return Graph(nodes=_nodes(js, infos, info_at, kinds),
                  heads=tuple(Entry(*e) for e in js["heads"]),
                  attrs=FrozenDict({k: json.dumps(v) for k, v in js.get("attrs", {}).items()}))
 
 
-def _nodes(js: dict, out_shapes: list, out_types: list[str], kinds: dict[int, str]
+def _nodes(js: dict, infos: list[TensorInfo], info_at: list[int], kinds: dict[int, str]
            ) -> tuple[Node, ...]:
-    """The IR's nodes. Equal values are made once and shared (they are immutable): a
-    tensor's shape and dtype, a node's attributes (so that their hash is computed once)."""
-    infos: dict[tuple, TensorInfo] = {}
+    """The IR's nodes; ``infos[info_at[k]]``: the shape and dtype of output entry ``k``.
+    Equal values are made once and shared (they are immutable): a tensor's shape and dtype,
+    a node's attributes (so that their hash is computed once)."""
     attrs: dict[tuple, FrozenDict] = {}
     no_attrs = FrozenDict()
     nodes = []
     append = nodes.append
     row_ptr = js["node_row_ptr"]
-    get_info, get_attrs, get_kind = infos.get, attrs.get, kinds.get
+    get_attrs, get_kind = attrs.get, kinds.get
 
     for i, jn in enumerate(js["nodes"]):
         row, end = row_ptr[i], row_ptr[i + 1]
         if end == row + 1:          # most nodes: one output
-            key = (out_shapes[row], out_types[row])
-            found = get_info(key)
-            if found is None:
-                found = infos[key] = TensorInfo(tuple([int(d) for d in key[0]]), key[1])
-            outputs = (found,)
+            outputs = (infos[info_at[row]],)
         else:
-            outputs = []
-            for key in zip(out_shapes[row:end], out_types[row:end]):
-                found = get_info(key)
-                if found is None:
-                    found = infos[key] = TensorInfo(tuple([int(d) for d in key[0]]), key[1])
-                outputs.append(found)
-            outputs = tuple(outputs)
+            outputs = tuple([infos[k] for k in info_at[row:end]])
         raw = jn.get("attrs")
         if raw:
             key = tuple(raw.items())

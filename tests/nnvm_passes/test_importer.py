@@ -1,6 +1,7 @@
 import json
 
 import mxnet as mx
+import numpy as np
 import pytest
 
 import tofu_mx
@@ -144,3 +145,60 @@ def test_shapes_that_cannot_be_inferred():
     with pytest.raises(tofu_mx.ShapeInferenceError, match="cannot infer the graph's shapes"):
         import_symbol(small_net(), data=(2, 3, 5, 5), fc_weight=(3, 7))  # fc needs (3, 100)
     assert issubclass(tofu_mx.ShapeInferenceError, tofu_mx.TofuError)
+
+
+def mixed_net():
+    """Outputs of several ranks and dtypes, an unknown-rank-free graph with an int output."""
+    data = mx.sym.var("data")
+    x = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), pad=(1, 1), name="c1")
+    x = mx.sym.BatchNorm(x, name="bn1")
+    pooled = mx.sym.mean(x, axis=(2, 3), name="gap")
+    idx = mx.sym.argmax(pooled, axis=1, name="am")
+    cast = mx.sym.Cast(idx, dtype="int32", name="cast")
+    fc = mx.sym.FullyConnected(pooled, num_hidden=3, name="fc")
+    return mx.sym.Group([mx.sym.SoftmaxOutput(fc, name="softmax"), cast])
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_inferred_arrays_are_mxnets_own(monkeypatch, wrapped):
+    """Shapes read from MXNet's buffer (or, where it is not one piece, through its wrapper)
+    and dtypes read as codes are what MXNet's Python wrapper gives, unknown ones included."""
+    if wrapped:
+        monkeypatch.setattr(importer, "_one_buffer", lambda *a: False)
+    sym = mixed_net()
+    everything = sym.get_internals()
+    # an unknown batch (0) in a declared shape: known ranks with unknown dims
+    half = mx.sym.FullyConnected(mx.sym.var("x", shape=(0, 5)), num_hidden=3).get_internals()
+    for net, shapes in ((everything, {"data": (2, 3, 5, 5)}), (everything, {}),
+                        (everything, {"softmax_label": (2,)}), (half, {})):
+        got = importer._infer_shape_arrays(net, shapes)
+        for arrays, want in zip(got, net.infer_shape_partial(**shapes)):
+            seen = [tuple(arrays.dims[a:b].tolist())
+                    for a, b in zip(arrays.start[:-1].tolist(), arrays.start[1:].tolist())]
+            assert seen == [tuple(s) for s in want]
+            assert arrays.unknown().tolist() == [importer._unknown(s) for s in want]
+            if net is half and want:
+                assert any(0 in s for s in want) and not all(map(importer._unknown, want))
+    codes = importer._infer_dtypes(everything, {"data": "float64"})
+    _, want, _ = everything.infer_type_partial(data="float64")
+    assert [np.dtype(importer._DTYPE_MX_TO_NP[c]) for c in codes.tolist()] == \
+        [np.dtype(t) for t in want]
+    assert {np.dtype(t).name for t in want} >= {"float64", "int32"}
+
+
+def test_tensor_infos_are_one_per_shape_and_dtype():
+    g = import_symbol(mixed_net(), data=(2, 3, 5, 5), dtypes={"data": "float64"})
+    infos = [t for n in g.nodes for t in n.outputs]
+    by_value: dict = {}
+    for t in infos:
+        assert by_value.setdefault((t.shape, t.dtype), t) is t     # shared where equal
+        assert all(type(d) is int for d in t.shape)
+    assert g.node("cast").outputs[0].dtype == "int32" and g.node("gap").outputs[0].shape == (2, 4)
+    assert g.node("am").outputs[0].shape == (2,)
+
+
+def test_duplicate_names_are_reported_before_bad_shapes():
+    a = mx.sym.var("x")
+    b = mx.sym.FullyConnected(a, num_hidden=2, name="x")
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="two nodes named 'x'"):
+        import_symbol(b, x=(0, 3))
