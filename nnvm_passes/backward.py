@@ -235,6 +235,17 @@ def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool],
     inputs, and MXNet's gradient pass reads that copy instead: its gradient holds none of its
     own outputs, and what it reads is built again in turn where marked; the unmarked tensors
     beneath are held, by the marked node reading them."""
+    kept = kept_tensors(graph, grads, reads)
+    none: frozenset[int] = frozenset()
+    return {(i, j): kept.get((i, j), none)
+            for i, n in enumerate(graph.nodes) if n.op != "null" for j in range(len(n.outputs))}
+
+
+def kept_tensors(graph: Graph, grads: Mapping[tuple[int, int], bool],
+                 reads: Mapping[int, tuple[frozenset[int], frozenset[int]]] | None = None
+                 ) -> dict[tuple[int, int], frozenset[int]]:
+    """The operator outputs :func:`kept_for_backward` keeps (those alone: a large graph's
+    plan counts them without a key per tensor), with the nodes whose gradient reads each."""
     mirrored = mirrored_nodes(graph)
     nodes = graph.nodes
     kept: dict[tuple[int, int], set[int]] = {}     # the tensors some gradient reads
@@ -269,11 +280,12 @@ def kept_for_backward(graph: Graph, grads: Mapping[tuple[int, int], bool],
             continue
         for j in outs:
             kept.setdefault((i, j), set()).add(i)
-        for p in ins:
-            hold(node.inputs[p], i)
-    none: frozenset[int] = frozenset()
-    return {(i, j): frozenset(kept[(i, j)]) if (i, j) in kept else none
-            for i, n in enumerate(nodes) if n.op != "null" for j in range(len(n.outputs))}
+        inputs = node.inputs
+        for p in ins:       # hold(), for a reader not marked: it reads the tensor itself
+            e = inputs[p]
+            if nodes[e.node].op != "null":
+                kept.setdefault((e.node, e.index), set()).add(i)
+    return {tensor: frozenset(readers) for tensor, readers in kept.items()}
 
 
 def mirrored_nodes(graph: Graph) -> frozenset[int]:

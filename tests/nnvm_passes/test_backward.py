@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import tofu_mx  # noqa: F401  (MXNet settings)
-from nnvm_passes.backward import backward_reads, kept_for_backward, passes_gradient_through
+from nnvm_passes.backward import (backward_reads, kept_for_backward, kept_tensors,
+                                  passes_gradient_through)
 from nnvm_passes.importer import import_symbol
 from tofu_mx.search.cut import needs_grad_of
 
@@ -93,6 +94,10 @@ def test_a_mirrored_reader_holds_what_its_copy_reads_beneath_the_mirrored_nodes(
     assert readers == {"conv0": {"cut"}, "held": {"tanh"}, "tanh": {"tanh"},
                        "loss": {"loss"}}
     assert not kept[(idx["join"], 0)] and not kept[(idx["conv1"], 0)]
+    # the kept tensors alone, and every operator output with the rest empty, agree
+    assert kept_tensors(g, needs_grad_of(g)) == {t: r for t, r in kept.items() if r}
+    assert kept_tensors(_graph(), needs_grad_of(_graph())) == \
+        {t: r for t, r in kept_for_backward(_graph(), needs_grad_of(_graph())).items() if r}
 
 
 @pytest.mark.parametrize("name, passes", [

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from nnvm_passes.backward import kept_for_backward
+from nnvm_passes.backward import kept_tensors
 from nnvm_passes.ir import Entry, FrozenDict, Graph, TensorInfo
 from nnvm_passes.lower import lower
 from tofu_mx import arguments
@@ -606,8 +606,8 @@ def _op_plans(graph: Graph, results: list[_LevelResult]) -> tuple[OpPlan, ...]:
 
 
 def _memory(graph: Graph, tensors: Sequence[TensorPlan], kept: Mapping, options: SearchOptions,
-            k: int) -> tuple[Memory, ...]:
-    """``kept``: :func:`~nnvm_passes.backward.kept_for_backward` of the graph; ``tensors``:
+            k: int, structure: GraphStructure) -> tuple[Memory, ...]:
+    """``kept``: :func:`~nnvm_passes.backward.kept_tensors` of the graph; ``tensors``:
     :func:`_tensor_plans` of the graph (a variable's tensor, or an operator's outputs, in
     node order)."""
     sizes: dict[tuple, int] = {}      # (id of a shard, dtype) -> its bytes (shards shared)
@@ -619,23 +619,20 @@ def _memory(graph: Graph, tensors: Sequence[TensorPlan], kept: Mapping, options:
             found = sizes[key] = math.prod(t.shard) * itemsize_of(t.dtype)
         return found
     weights = gradients = aux = inputs = activations = 0
-    position = 0
-    for i, node in enumerate(graph.nodes):
-        if node.is_variable:
-            b = shard_bytes(tensors[position])
-            position += 1
-            if node.kind == "param":
-                weights += b
-                gradients += b
-            elif node.kind == "aux":
-                aux += b
-            else:
-                inputs += b
-            continue
-        for j in range(len(node.outputs)):
-            if kept[(i, j)]:
-                activations += shard_bytes(tensors[position + j])
-        position += len(node.outputs)
+    start = structure.ports(graph).tensor_start.tolist()     # node -> its first tensor
+    nodes = graph.nodes
+    for v in structure.variables:
+        b = shard_bytes(tensors[start[v]])
+        kind = nodes[v].kind
+        if kind == "param":
+            weights += b
+            gradients += b
+        elif kind == "aux":
+            aux += b
+        else:
+            inputs += b
+    for i, j in kept:
+        activations += shard_bytes(tensors[start[i] + j])
     m = Memory(weights, gradients, int(weights * options.optimizer_state), aux, inputs, activations)
     return tuple(m for _ in range(k))
 
@@ -813,7 +810,8 @@ def _balanced(graph: Graph, num_devices: int, plan: Plan, options: SearchOptions
 
 def ideal_memory(graph: Graph, kept: Mapping, options: SearchOptions, k: int) -> float:
     """1/k of the bytes :attr:`Plan.memory` counts on a device, what an even split of
-    everything would hold (``kept``: :func:`~nnvm_passes.backward.kept_for_backward`)."""
+    everything would hold (``kept``: :func:`~nnvm_passes.backward.kept_tensors`, or
+    :func:`~nnvm_passes.backward.kept_for_backward`)."""
     sizes: dict[int, int] = {}      # id of a TensorInfo (alive in the graph) -> its bytes
 
     def nbytes(t: TensorInfo) -> int:
@@ -822,14 +820,14 @@ def ideal_memory(graph: Graph, kept: Mapping, options: SearchOptions, k: int) ->
             found = sizes[id(t)] = t.nbytes
         return found
     total = 0
-    for i, node in enumerate(graph.nodes):
+    nodes = graph.nodes
+    for node in nodes:
         if node.is_variable:
             b = nbytes(node.outputs[0])
             total += b * (2 + options.optimizer_state) if node.kind == "param" else b
-            continue
-        for j, t in enumerate(node.outputs):
-            if kept[(i, j)]:
-                total += nbytes(t)
+    for (i, j), readers in kept.items():
+        if readers:
+            total += nbytes(nodes[i].outputs[j])
     return total / k
 
 
@@ -855,15 +853,15 @@ class _Shared:
     once per :func:`plan_graph`."""
 
     structure: GraphStructure
-    kept: Mapping             # kept_for_backward
+    kept: Mapping             # kept_tensors
     opaque: tuple[OpaqueOp, ...]
     fingerprint: str
 
     @staticmethod
     def of(graph: Graph) -> "_Shared":
         structure = GraphStructure.of(graph)
-        return _Shared(structure, kept_for_backward(graph, structure.needs_grad,
-                                                    structure.backward),
+        return _Shared(structure, kept_tensors(graph, structure.needs_grad,
+                                               structure.backward),
                        _opaque_ops(graph), graph_fingerprint(graph))
 
 
@@ -883,7 +881,7 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
         cut = results[0].cut
         coarsening = {"operators": len(cut.ops), "groups": sum(len(g.copies) for g in cut.groups),
                       "tied": len(cut.groups)}
-    memory = _memory(graph, tensors, shared.kept, options, num_devices)
+    memory = _memory(graph, tensors, shared.kept, options, num_devices, shared.structure)
     kept, saved = _keep_small(graph, results, options.keep_share * memory[0].total - used
                               if options.refetch else 0)
     readers = {(graph.nodes[i].name, j) for i in shared.structure.refetching
