@@ -211,14 +211,22 @@ def gradient_reads(graph: Graph, grads: Mapping[tuple[int, int], bool]
     """:func:`backward_reads` of every operator with a gradient node (one of its outputs
     carries a gradient: ``grads``), by node index."""
     found = {}
-    for i, node in enumerate(graph.nodes):
+    nodes = graph.nodes
+    # by operator, attributes and input tensors' infos (objects alive in the graph, shared)
+    known: dict[tuple, tuple[frozenset[int], frozenset[int]]] = {}
+    for i, node in enumerate(nodes):
         if node.is_variable:
             continue
         outputs = node.outputs
         if grads[(i, 0)] if len(outputs) == 1 else \
                 any(grads[(i, j)] for j in range(len(outputs))):
-            g = _gradient(node, graph)
-            found[i] = (g.inputs, g.outputs)
+            key = (node.op, id(node.attrs), len(outputs),
+                   *[id(nodes[e.node].outputs[e.index]) for e in node.inputs])
+            reads = known.get(key)
+            if reads is None:
+                g = _gradient(node, graph)
+                reads = known[key] = (g.inputs, g.outputs)
+            found[i] = reads
     return found
 
 

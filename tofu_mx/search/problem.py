@@ -99,22 +99,7 @@ def make_indexed_problem(names: Sequence[str], choices: Sequence[Sequence[str]],
     unary = list(unary)
     u, v, which = (np.asarray(x, dtype=np.int64) for x in (u, v, which))
     self_edge = u == v
-    adds: dict[int, list[int]] = {}     # node -> the matrices of its self edges, in order
-    for node, m in zip(u[self_edge].tolist(), which[self_edge].tolist()):
-        adds.setdefault(node, []).append(m)
-    # nodes sharing a unary cost (one array) and self edges share the sum too (read-only);
-    # the memo keeps each array it is keyed by alive, so that the id stays its own
-    summed: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-    for node, ms in adds.items():
-        key = (id(unary[node]), tuple(ms))
-        found = summed.get(key)
-        if found is None:
-            total = np.array(unary[node], dtype=np.float64)
-            for m in ms:
-                total += matrices[m].diagonal()
-            total.flags.writeable = False
-            found = summed[key] = (total, unary[node])
-        unary[node] = found[0]
+    _add_self_edges(unary, u[self_edge], which[self_edge], matrices)
     u, v, which = u[~self_edge], v[~self_edge], which[~self_edge]
     low, high, flip = np.minimum(u, v), np.maximum(u, v), u > v
     order = np.lexsort((np.arange(len(low)), high, low))    # by (u, v), then as given
@@ -162,3 +147,45 @@ def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         combined = combined * n + column
     _, first, which = np.unique(combined, return_index=True, return_inverse=True)
     return rows[first], which.reshape(-1)
+
+
+def _add_self_edges(unary: list, nodes: np.ndarray, which: np.ndarray,
+                    matrices: Sequence[np.ndarray]) -> None:
+    """``unary[node]`` plus the diagonal of each of its self edges' matrices (``nodes``,
+    ``which``), in order, for each node with some. Nodes sharing a unary cost (one array)
+    and self edges share the sum too (read-only): made once per distinct pair."""
+    if not len(nodes):
+        return
+    count = np.bincount(nodes)
+    single = count[nodes] == 1
+    # one self edge (most nodes): by (their unary array, the matrix), all at once
+    ones, ms = nodes[single], which[single]
+    _, array_of = np.unique(np.fromiter((id(unary[x]) for x in ones.tolist()), np.int64,
+                                        len(ones)), return_inverse=True)
+    pairs, pair_of = distinct_rows(np.stack([array_of.reshape(-1), ms], axis=1))
+    firsts = np.zeros(len(pairs), dtype=np.int64)
+    firsts[pair_of[::-1]] = np.arange(len(ones))[::-1]      # the first node of each pair
+    totals = []
+    for x, m in zip(ones[firsts].tolist(), pairs[:, 1].tolist()):
+        total = np.array(unary[x], dtype=np.float64)
+        total += matrices[m].diagonal()
+        total.flags.writeable = False
+        totals.append(total)
+    for x, k in zip(ones.tolist(), pair_of.tolist()):
+        unary[x] = totals[k]
+    # several: each node's matrices in order, keyed alike (the memo keeps each array it is
+    # keyed by alive, so that the id stays its own)
+    adds: dict[int, list[int]] = {}
+    for x, m in zip(nodes[~single].tolist(), which[~single].tolist()):
+        adds.setdefault(x, []).append(m)
+    summed: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    for x, ms in adds.items():
+        key = (id(unary[x]), tuple(ms))
+        found = summed.get(key)
+        if found is None:
+            total = np.array(unary[x], dtype=np.float64)
+            for m in ms:
+                total += matrices[m].diagonal()
+            total.flags.writeable = False
+            found = summed[key] = (total, unary[x])
+        unary[x] = found[0]
