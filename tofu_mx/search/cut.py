@@ -74,15 +74,29 @@ class View:
     #: operator -> its loop variables that an earlier cut split unevenly: the work view has
     #: their largest part, and some part may be one shorter
     short: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    #: operator -> a class: operators of one class have one operator, attributes, work view,
+    #: stored shards and short variables (None: not known)
+    classes: Mapping[int, int] | None = None
 
     @staticmethod
     def of(graph: Graph) -> "View":
-        ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
-        op_out = {i: tuple(t.shape for t in graph.nodes[i].outputs) for i in ops}
-        return View({i: tuple(graph.tensor(e).shape for e in graph.nodes[i].inputs) for i in ops},
-                    op_out,
-                    {i: n.outputs[0].shape for i, n in enumerate(graph.nodes) if n.is_variable},
-                    op_out)     # at the graph's own shapes, what is computed is stored
+        nodes = graph.nodes
+        op_in, op_out, var = {}, {}, {}
+        single: dict[int, tuple[Shape]] = {}    # id of a TensorInfo (alive) -> (its shape,)
+        for i, n in enumerate(nodes):
+            outputs = n.outputs
+            if n.is_variable:
+                var[i] = outputs[0].shape
+                continue
+            if len(outputs) == 1:
+                found = single.get(id(outputs[0]))
+                if found is None:
+                    found = single[id(outputs[0])] = (outputs[0].shape,)
+                op_out[i] = found
+            else:
+                op_out[i] = tuple([t.shape for t in outputs])
+            op_in[i] = tuple([nodes[e.node].outputs[e.index].shape for e in n.inputs])
+        return View(op_in, op_out, var, op_out)  # at the graph's own shapes, computed is stored
 
 
 def op_strategies(graph: Graph, index: int, view: View, parts: int) -> list[Strategy]:
@@ -211,7 +225,15 @@ class Cut:
         strategies: list[list[Strategy]] = []
         self._kind_of, self._shape_id, self.strats = kind_of, shape_id, strats = {}, {}, {}
         op_in, op_out, shard, short = view.op_in, view.op_out, view.shard, view.short
+        classes = view.classes
+        of_class: dict[int, tuple[int, int]] = {}   # class -> (kind, shape id)
         for i in self.ops:
+            if classes is not None:
+                found = of_class.get(classes[i])
+                if found is not None:
+                    kind_of[i], shape_id[i] = found
+                    strats[i] = strategies[found[0]]
+                    continue
             node = nodes[i]
             kind = kinds.setdefault((node.op, node.attrs, op_in[i], op_out[i],
                                      short.get(i) if short else None), len(kinds))
@@ -220,6 +242,8 @@ class Cut:
             kind_of[i] = kind
             shape_id[i] = shapes.setdefault((kind, shard[i]), len(shapes))
             strats[i] = strategies[kind]
+            if classes is not None:
+                of_class[classes[i]] = (kind, shape_id[i])
 
     # --- coarsening -------------------------------------------------------------------------
     def _coarsen(self, tie: bool) -> list[Group]:
@@ -836,14 +860,18 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
     identity, as hashing a Strategy is slow: they are all alive in ``resolved_by_member``)."""
     op_in, op_out, var, shard, short = {}, {}, {}, {}, dict(cut.view.short)
     # keyed by the identity of the (strategy, stored layouts) chosen (shared by the members
-    # resolved alike, all alive in ``resolved_by_member``), of a shape and of a layout
+    # resolved alike, all alive in ``resolved_by_member``), of a shape and of a layout. An
+    # operator's shape id and choice determine its next view, and its short variables (the
+    # shape id's, and the choice's): the key's position is the operator's class
     found: dict[tuple, tuple] = {}
+    classes: dict[int, int] = {}
     for i in cut.ops:
         chosen = resolved_by_member[i]
         key = (cut._shape_id[i], id(chosen))
-        if key not in found:
-            found[key] = _next_shapes(cut, i, *chosen)
-        shard[i], op_in[i], op_out[i] = found[key]
+        shapes = found.get(key)
+        if shapes is None:
+            shapes = found[key] = (*_next_shapes(cut, i, *chosen), len(found))
+        shard[i], op_in[i], op_out[i], classes[i] = shapes
         if chosen[0].uneven:
             short[i] = short.get(i, frozenset()) | {chosen[0].var}
     shapes: dict[tuple[int, int], tuple] = {}
@@ -856,7 +884,7 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
                 shape[layout[1]] //= cut.parts
             shapes[key] = (tuple(shape), before, layout)    # (the shape, kept alive)
         var[v] = shapes[key][0]
-    return View(op_in, op_out, var, shard, short)
+    return View(op_in, op_out, var, shard, short, classes)
 
 
 def _next_shapes(cut: Cut, i: int, s: Strategy, stored: tuple) -> tuple:
