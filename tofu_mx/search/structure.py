@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import attrgetter
 from typing import Mapping
 
 import numpy as np
@@ -38,7 +39,6 @@ class GraphStructure:
     outputs_id: Mapping[int, int]  # operator -> id of its outputs' (itemsize, needs gradient)
     shared_params: tuple[tuple[int, ...], ...]   # the operators reading each parameter that
     #                                              two or more read (where ties start)
-    inputs: Mapping[int, tuple[tuple[int, int], ...]]   # operator -> its input tensors
     tensor_facts: Mapping[tuple[int, int], int]   # tensor -> id of (itemsize, needs gradient)
     facts_of_tensors: tuple[tuple[int, bool], ...]   # that id -> (itemsize, needs gradient)
     backward: Mapping[int, tuple[frozenset[int], frozenset[int]]]   # operator with a gradient
@@ -57,7 +57,6 @@ class GraphStructure:
         facts: dict[tuple[int, bool], int] = {}
         outputs_id: dict[int, int] = {}
         ids: dict[tuple, int] = {}
-        inputs: dict[int, tuple[tuple[int, int], ...]] = {}
         may_follow = []
         for i, node in enumerate(nodes):
             outputs = node.outputs
@@ -75,15 +74,16 @@ class GraphStructure:
             if node.is_variable:
                 continue
             outputs_id[i] = ids.setdefault(outs, len(ids))
-            ins = inputs[i] = tuple([(e.node, e.index) for e in node.inputs])
-            if ins and ins[0][1] == 0 and len(outputs) == 1 and not nodes[ins[0][0]].is_variable:
+            ins = node.inputs
+            if ins and ins[0].index == 0 and len(outputs) == 1 and \
+                    not nodes[ins[0].node].is_variable:
                 may_follow.append(i)
         backward = gradient_reads(graph, grad)
         return GraphStructure(tuple(outputs_id),
                               tuple(i for i, n in enumerate(nodes) if n.is_variable), grad,
                               itemsize, frozenset(may_follow), outputs_id,
-                              _shared_params(nodes, inputs),
-                              inputs, tensor_facts, tuple(facts), backward,
+                              _shared_params(nodes, outputs_id),
+                              tensor_facts, tuple(facts), backward,
                               _refetching(graph, backward))
 
     def keeps_input(self, graph: Graph, member: int, j: int) -> bool:
@@ -154,10 +154,10 @@ class Ports:
         tensor_start = np.zeros(len(nodes) + 1, dtype=np.int64)
         np.cumsum(np.fromiter(map(len, (n.outputs for n in nodes)), np.int64, len(nodes)),
                   out=tensor_start[1:])
-        # each operator's inputs, (node, output) end to end, in node and input order
-        ends = np.fromiter(chain.from_iterable(chain.from_iterable(
-            structure.inputs[i] for i in structure.ops)), np.int64, 2 * int(start[-1]))
-        source, index = ends[0::2], ends[1::2]
+        # each operator's inputs, end to end, in node and input order
+        entries = list(chain.from_iterable(n.inputs for n in nodes))
+        source = np.fromiter(map(attrgetter("node"), entries), np.int64, len(entries))
+        index = np.fromiter(map(attrgetter("index"), entries), np.int64, len(entries))
         member = np.repeat(np.arange(len(nodes), dtype=np.int64), reads)
         # the facts of every tensor, in tensor order (the order GraphStructure.of met them)
         facts = np.fromiter(structure.tensor_facts.values(), np.int64,
@@ -167,13 +167,14 @@ class Ports:
                      source, tensor, facts[tensor])
 
 
-def _shared_params(nodes, inputs: Mapping[int, tuple]) -> tuple[tuple[int, ...], ...]:
-    """The operators reading each parameter that two or more operators read."""
+def _shared_params(nodes, ops: Mapping[int, int]) -> tuple[tuple[int, ...], ...]:
+    """The operators reading each parameter that two or more operators read (``ops``: the
+    operators, in order)."""
     readers: dict[int, set[int]] = {}
-    for i, ins in inputs.items():
-        for src, _ in ins:
-            if nodes[src].kind == "param":
-                readers.setdefault(src, set()).add(i)
+    for i in ops:
+        for e in nodes[i].inputs:
+            if nodes[e.node].kind == "param":
+                readers.setdefault(e.node, set()).add(i)
     return tuple(tuple(sorted(r)) for r in readers.values() if len(r) > 1)
 
 
