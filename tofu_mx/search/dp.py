@@ -19,7 +19,7 @@ fit (coarsen more, or cut the graph differently).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import heapq
 import math
@@ -45,6 +45,9 @@ class Solution:
     assignment: tuple[int, ...]
     max_frontier: int       # most nodes in the frontier at once
     max_states: int         # most states (product of their choice counts) at once
+    #: the cost is exact (every cost an integer, their sum below 2**52: :func:`_exact`), so
+    #: the problem's own sum (:meth:`~tofu_mx.search.problem.Problem.cost`) is the same
+    exact: bool = field(default=False, compare=False)
 
 
 def elimination_order(problem: Problem) -> list[int]:
@@ -126,7 +129,8 @@ def solve_dp(problem: Problem, max_states: int = 4_000_000, progress=None,
             assignment = [0] * len(perm)
             for new, old in enumerate(perm):
                 assignment[old] = found.assignment[new]
-            return Solution(found.cost, tuple(assignment), found.max_frontier, found.max_states)
+            return Solution(found.cost, tuple(assignment), found.max_frontier, found.max_states,
+                            found.exact)
     return _eliminate(problem, schedule, max_states, progress)
 
 
@@ -274,7 +278,7 @@ def _eliminate(problem: Problem, schedule: "_Schedule", max_states: int,
         for us, vs, argmin in folding.leaves:
             assignment[us] = argmin[np.arange(len(us)), assignment[vs]]
         assignment = assignment.tolist()
-    return Solution(float(table) + folding.constant, tuple(assignment), widest, most)
+    return Solution(float(table) + folding.constant, tuple(assignment), widest, most, exact)
 
 
 def _leaving(nodes: np.ndarray, last: np.ndarray, n: int) -> list:

@@ -871,9 +871,7 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
     """The plan of ``results``; ``weights``: the parameters kept before the search
     (:func:`_small_weights`), holding at most ``used`` bytes of the keep budget."""
     tensors = _tensor_plans(graph, results)
-    levels = tuple(Level(p, math.prod(order[:k]),
-                         r.problem.bytes_problem.cost(r.solution.assignment),
-                         len(r.problem.slots),
+    levels = tuple(Level(p, math.prod(order[:k]), _bytes_moved(r), len(r.problem.slots),
                          r.solution.max_frontier, r.solution.max_states)
                    for k, (p, r) in enumerate(zip(order, results)))
     coarsening = {}
@@ -891,6 +889,14 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
                    for lv, s in zip(levels, saved))
     return Plan(num_devices, tuple(order), levels, tensors, _op_plans(graph, results), memory,
                 shared.opaque, coarsening, shared.fingerprint, options.refetch, kept)
+
+
+def _bytes_moved(result: _LevelResult) -> float:
+    """The bytes a level's solution moves: the search's own exact sum where it minimised
+    the bytes alone, else the bytes problem's sum."""
+    if result.solution.exact and result.problem.problem is result.problem.bytes_problem:
+        return result.solution.cost
+    return result.problem.bytes_problem.cost(result.solution.assignment)
 
 
 def _keep_small(graph: Graph, results: list[_LevelResult],

@@ -572,3 +572,18 @@ def test_ports_and_their_flags_are_each_inputs_own(sym, shapes):
                                          for t, (i, j, _) in zip(twice, read)]
                 assert any(twice) == refetch    # both answers occur
                 assert any(kept) == (weighted and not refetch) or refetch
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.3])
+def test_a_levels_bytes_are_the_bytes_problems_sum(weight):
+    """A level's bytes are the search's own cost where it minimised the bytes alone with
+    exact sums, else the bytes problem's sum: the two agree wherever both are defined."""
+    from tofu_mx.search.plan import _bytes_moved
+    graph = lower_graph(import_symbol(models.wresnet(14, 1), **models.input_shapes("wresnet", 4)), 4)
+    options = SearchOptions(memory_weight=weight)
+    results = search_levels(graph, (2, 2), options)
+    for r in results:
+        assert r.solution.exact == (weight == 0.0)
+        assert _bytes_moved(r) == r.problem.bytes_problem.cost(r.solution.assignment)
+        if weight == 0.0:
+            assert _bytes_moved(r) == r.solution.cost
