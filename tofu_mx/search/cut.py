@@ -197,11 +197,17 @@ class Cut:
         self._copy_keys: dict[int, int] = {}
         self.groups = self._coarsen(tie)
         by_shape: dict[Shape, list[StoreLayout]] = {}    # one list per shape, shared
-        self.var_layouts = {}
+        by_id: dict[int, list[StoreLayout]] = {}     # the same by the shape's id (views share
+        self.var_layouts = {}                        # shape tuples; all alive in the view)
+        var = view.var
         for v in self.variables:
-            if view.var[v] not in by_shape:
-                by_shape[view.var[v]] = store_layouts(view.var[v], parts)
-            self.var_layouts[v] = by_shape[view.var[v]]
+            found = by_id.get(id(var[v]))
+            if found is None:
+                shape = var[v]
+                if shape not in by_shape:
+                    by_shape[shape] = store_layouts(shape, parts)
+                found = by_id[id(shape)] = by_shape[shape]
+            self.var_layouts[v] = found
         self._rows: dict[tuple, tuple] = {}
         self._bytes: dict[tuple, int] = {}
         self._excess: dict[tuple, float] = {}   # with a memory weight: bytes stored above 1/p
@@ -252,7 +258,7 @@ class Cut:
         copy_of: dict[int, int] = {}     # operator -> its copy
         at: dict[int, int] = {}          # operator -> its position in its copy
         rules: dict[int, dict[int, int] | None] = {}     # kind -> its rule
-        nodes, view, may_follow = self.graph.nodes, self.view, self.structure.may_follow
+        view, may_follow = self.view, self.structure.may_follow
         for i in self.ops:
             rule = None
             if i in may_follow:
@@ -263,7 +269,7 @@ class Cut:
                 rule = rules[kind]
             if rule is not None:     # it joins the copy of its first input's producer
                 self.follow[i] = rule
-                src = nodes[i].inputs[0].node
+                src = may_follow[i]
                 c = copy_of[i] = copy_of[src]
                 at[i] = len(copies[c])
                 copies[c].append(i)
@@ -499,17 +505,22 @@ class Cut:
         layouts it may be stored in (a parameter's holds its gradient too), one tuple per
         shape, itemsize and kind."""
         rows: dict[tuple, tuple] = {}
-        graph_nodes, itemsize, var_shape = self.graph.nodes, self.structure.itemsize, self.view.var
+        by_id: dict[tuple, tuple] = {}      # the same by the shape's id (alive in the view)
+        var_shape = self.view.var
         found = []
-        for v in self.variables:
-            key = (var_shape[v], itemsize[(v, 0)], 2 if graph_nodes[v].kind == "param" else 1)
-            row = rows.get(key)
+        for v, facts in zip(self.variables, self.structure.variable_facts):
+            shape = var_shape[v]
+            row = by_id.get((id(shape), facts))
             if row is None:
-                layouts = self.var_layouts[v]
-                row = rows[key] = (
-                    tuple(layouts), np.zeros(len(layouts)), self.memory_weight * key[2] *
-                    np.array([_excess(x, key[0], key[1], self.parts) for x in layouts]),
-                    tuple([layout_name(x) for x in layouts]))
+                key = (shape, *facts)
+                row = rows.get(key)
+                if row is None:
+                    layouts = self.var_layouts[v]
+                    row = rows[key] = (
+                        tuple(layouts), np.zeros(len(layouts)), self.memory_weight * key[2] *
+                        np.array([_excess(x, key[0], key[1], self.parts) for x in layouts]),
+                        tuple([layout_name(x) for x in layouts]))
+                by_id[(id(shape), facts)] = row
             found.append(row)
         return found
 

@@ -32,10 +32,13 @@ class GraphStructure:
 
     ops: tuple[int, ...]
     variables: tuple[int, ...]
+    variable_facts: tuple[tuple[int, int], ...]   # per variable: (itemsize, 2 for a
+    #                                               parameter, which holds its gradient, else 1)
     needs_grad: Mapping[tuple[int, int], bool]
     itemsize: Mapping[tuple[int, int], int]   # bytes of one element of each tensor
-    may_follow: frozenset[int]    # operators with one output whose first input is output 0
-    #                               of an operator: they follow it if they keep its layout
+    may_follow: Mapping[int, int]  # operator -> the operator producing its first input, for
+    #                                operators with one output whose first input is output 0
+    #                                of an operator: they follow it if they keep its layout
     outputs_id: Mapping[int, int]  # operator -> id of its outputs' (itemsize, needs gradient)
     shared_params: tuple[tuple[int, ...], ...]   # the operators reading each parameter that
     #                                              two or more read (where ties start)
@@ -57,7 +60,10 @@ class GraphStructure:
         facts: dict[tuple[int, bool], int] = {}
         outputs_id: dict[int, int] = {}
         ids: dict[tuple, int] = {}
-        may_follow = []
+        may_follow: dict[int, int] = {}
+        variables: list[int] = []
+        variable_facts: list[tuple[int, int]] = []
+        shared: dict[tuple, tuple[int, int]] = {}     # the variable facts, one tuple each
         for i, node in enumerate(nodes):
             outputs = node.outputs
             if len(outputs) == 1:      # most nodes: the loop below, unrolled
@@ -72,16 +78,21 @@ class GraphStructure:
                     itemsize[(i, k)] = out[0]
                     tensor_facts[(i, k)] = facts.setdefault(out, len(facts))
             if node.is_variable:
+                variables.append(i)
+                key = (out[0], node.kind == "param")
+                found = shared.get(key)
+                if found is None:
+                    found = shared[key] = (key[0], 2 if key[1] else 1)
+                variable_facts.append(found)
                 continue
             outputs_id[i] = ids.setdefault(outs, len(ids))
             ins = node.inputs
             if ins and ins[0].index == 0 and len(outputs) == 1 and \
                     not nodes[ins[0].node].is_variable:
-                may_follow.append(i)
+                may_follow[i] = ins[0].node
         backward = gradient_reads(graph, grad)
-        return GraphStructure(tuple(outputs_id),
-                              tuple(i for i, n in enumerate(nodes) if n.is_variable), grad,
-                              itemsize, frozenset(may_follow), outputs_id,
+        return GraphStructure(tuple(outputs_id), tuple(variables), tuple(variable_facts), grad,
+                              itemsize, may_follow, outputs_id,
                               _shared_params(nodes, outputs_id),
                               tensor_facts, tuple(facts), backward,
                               _refetching(graph, backward))
