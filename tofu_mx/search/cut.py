@@ -602,9 +602,9 @@ class Cut:
             largest = max((2 * volume(n) - volume(intersect(n, h))
                            for h, n in zip(stored, need)), default=0) * itemsize
             return largest, _buffer(layout, shape, need, itemsize) > 0
-        found = self._per_edge(edges, assignment, self._kept, one)
-        return (np.array([x[0] for x in found], dtype=np.float64),
-                np.array([x[1] for x in found], dtype=bool))
+        values, which = self._per_edge(edges, assignment, self._kept, one)
+        return (np.array([x[0] for x in values], dtype=np.float64).reshape(-1)[which],
+                np.array([x[1] for x in values], dtype=bool).reshape(-1)[which])
 
     def second_fetches(self, edges: "RefetchedEdges", assignment: Sequence[int]) -> np.ndarray:
         """Per edge, the bytes the backward pass fetches again over it under ``assignment``
@@ -612,26 +612,25 @@ class Cut:
         per distinct edge and choices."""
         def one(layout, shape, need, itemsize):
             return _consumer(layout, shape, need, itemsize, False, False)
-        return np.array(self._per_edge(edges, assignment, self._fetched, one),
-                        dtype=np.float64).reshape(-1)
+        values, which = self._per_edge(edges, assignment, self._fetched, one)
+        return np.array(values, dtype=np.float64).reshape(-1)[which]
 
     def _per_edge(self, edges: "RefetchedEdges", assignment: Sequence[int], memo: dict,
-                  compute) -> list:
-        """``compute(layout held in, shape, regions read, itemsize)`` of every edge under
-        ``assignment``, as a list, once per distinct edge and choices (remembered in
-        ``memo``)."""
+                  compute) -> tuple[list, np.ndarray]:
+        """``compute(layout held in, shape, regions read, itemsize)`` of each distinct edge
+        and choices under ``assignment`` (remembered in ``memo``), and which of them each
+        edge has."""
         if not len(edges):
-            return []
+            return [], np.zeros(0, dtype=np.int64)
 
         def one(held, read, facts, source_choice, choice):
             layouts, (regions, shape) = self._interned[held], self._interned[read]
             itemsize, _ = self.structure.facts_of_tensors[facts]
             return compute(layouts[source_choice], shape, regions[choice], itemsize)
         chosen = np.asarray(assignment, dtype=np.int64)
-        values, which = _once_per_row(
+        return _once_per_row(
             np.stack([edges.held, edges.read, edges.facts, chosen[edges.source],
                       chosen[edges.slot]], axis=1), memo, one)
-        return [values[w] for w in which.tolist()]
 
     def _batches(self, slot_at: np.ndarray, resolved: list) -> dict[tuple, tuple]:
         """The groups' copies by structure (choice set and copy structure): ``(a resolution

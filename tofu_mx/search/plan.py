@@ -771,18 +771,30 @@ def _small_weights(graph: Graph, num_devices: int, options: SearchOptions,
     if not options.refetch or not options.keep_share or num_devices == 1:
         return frozenset(), 0.0
     structure = shared.structure
-    sizes: dict[tuple[int, int], int] = {}
-    for i in structure.refetching:
-        for j, e in enumerate(graph.nodes[i].inputs):
-            if graph.nodes[e.node].kind == "param" and structure.keeps_input(graph, i, j):
-                t = graph.tensor(e)
-                sizes[(e.node, e.index)] = math.prod(t.shape) * itemsize_of(t.dtype)
+    ports = structure.ports(graph)
+    n = len(graph.nodes)
+    refetching = np.zeros(n, dtype=bool)
+    refetching[np.fromiter(structure.refetching, np.int64, len(structure.refetching))] = True
+    param = np.zeros(n, dtype=bool)
+    param[[v for v, facts in zip(structure.variables, structure.variable_facts)
+           if facts[1] == 2]] = True
+    read = np.flatnonzero(refetching[ports.member] & param[ports.source] &
+                          structure.read_by_gradient(graph))
+    # each parameter tensor such an input reads, once, with its bytes
+    _, first = np.unique(ports.tensor[read], return_index=True)
+    source = ports.source[read[first]]
+    index = ports.tensor[read[first]] - ports.tensor_start[source]     # the output read
+    nodes = graph.nodes
+    sizes = np.array([math.prod(t.shape) * itemsize_of(t.dtype) for t in
+                      (nodes[x].outputs[k] for x, k in zip(source.tolist(), index.tolist()))],
+                     dtype=np.int64)
     budget = options.keep_share * ideal
     kept, used = [], 0.0
-    for tensor, size in sorted(sizes.items(), key=lambda t: (t[1], t[0])):
+    for k in np.lexsort((index, source, sizes)).tolist():     # smallest first, then by tensor
+        size = int(sizes[k])
         if used + size > budget:
             break
-        kept.append(tensor)
+        kept.append((int(source[k]), int(index[k])))
         used += size
     return frozenset(kept), used
 

@@ -109,6 +109,26 @@ class GraphStructure:
             self.port_memo[None] = Ports.of(self, graph)
         return self.port_memo[None]
 
+    def read_by_gradient(self, graph: Graph) -> np.ndarray:
+        """Per port (:meth:`ports`): whether its reader's gradient reads it (so a converted
+        copy of it lives until the backward pass: :meth:`keeps_input`). Made once."""
+        if "gradient" not in self.port_memo:
+            ports = self.ports(graph)
+            read = np.zeros(len(ports.member), dtype=bool)
+            # by the input positions read (one object per distinct set: gradient_reads)
+            reads = list(self.backward.values())
+            ops = np.fromiter(self.backward.keys(), np.int64, len(reads))
+            _, first, which = np.unique(np.fromiter((id(r[0]) for r in reads), np.int64,
+                                                    len(reads)),
+                                        return_index=True, return_inverse=True)
+            which = which.reshape(-1)
+            for k, f in enumerate(first.tolist()):
+                starts = ports.start[ops[which == k]]
+                for j in reads[f][0]:
+                    read[starts + j] = True
+            self.port_memo["gradient"] = read
+        return self.port_memo["gradient"]
+
     def port_flags(self, graph: Graph, refetch: bool, kept_tensors: frozenset,
                    weighted: bool) -> tuple[np.ndarray, np.ndarray]:
         """Per port (:meth:`ports`): whether its reader re-fetches it for the backward pass
@@ -128,11 +148,8 @@ class GraphStructure:
                     kept_tensor[[int(ports.tensor_start[i]) + k for i, k in kept_tensors]] = True
                     again &= ~kept_tensor[ports.tensor]
             kept = np.zeros(len(ports.member), dtype=bool)
-            if weighted:
-                for i, (ins, _) in self.backward.items():   # the inputs gradients read
-                    for j in ins:
-                        kept[ports.start[i] + j] = True
-                kept &= ~again
+            if weighted:        # the inputs gradients read
+                kept = self.read_by_gradient(graph) & ~again
             self.port_memo[key] = again, kept
         return self.port_memo[key]
 

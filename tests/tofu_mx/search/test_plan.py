@@ -559,6 +559,8 @@ def test_ports_and_their_flags_are_each_inputs_own(sym, shapes):
     assert [tensors[t] for t in ports.tensor.tolist()] == [(e.node, e.index) for _, _, e in read]
     assert ports.facts.tolist() == [structure.tensor_facts[(e.node, e.index)] for _, _, e in read]
     assert all(ports.start[i] + j == p for p, (i, j, _) in enumerate(read))
+    by_gradient = [structure.keeps_input(graph, i, j) for i, j, _ in read]
+    assert structure.read_by_gradient(graph).tolist() == by_gradient and any(by_gradient)
     some = frozenset((e.node, e.index) for _, _, e in read[::7])
     for refetch in (False, True):
         for kept_tensors in (frozenset(), some):
