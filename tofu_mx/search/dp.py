@@ -175,19 +175,19 @@ class _States:
             return np.cumsum(joined) - (np.cumsum(gone) - gone)
         widest = int(along(np.ones(len(nodes), dtype=np.int64)).max())
         kinds = sorted(set(counts[nodes].tolist()))
-        primes = sorted({p for k in kinds for p in _prime_factors(k)})
+        primes = sorted({p for k in kinds for p in prime_factors(k)})
         exponents = []
         for p in primes:
             of_count = np.zeros(kinds[-1] + 1, dtype=np.int64)
             for k in kinds:
-                of_count[k] = _prime_factors(k).count(p)
+                of_count[k] = prime_factors(k).count(p)
             exponents.append(along(of_count[counts[nodes]]))
         distinct, size_at = distinct_rows(np.stack(exponents, axis=1))
         sizes = [math.prod(p ** e for p, e in zip(primes, row)) for row in distinct.tolist()]
         return _States(widest, sizes, size_at)
 
 
-def _prime_factors(k: int) -> list[int]:
+def prime_factors(k: int) -> list[int]:
     """``k``'s prime factors, with repeats, smallest first."""
     found, p = [], 2
     while p * p <= k:

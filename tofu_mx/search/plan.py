@@ -31,7 +31,7 @@ from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.cut import Cut, CutProblem, View, next_view
-from tofu_mx.search.dp import Solution, solve_dp
+from tofu_mx.search.dp import Solution, prime_factors, solve_dp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.search.structure import GraphStructure, itemsize_of
 from tofu_mx.summary import format_bytes
@@ -443,16 +443,6 @@ def check_plan(plan: Plan, graph: Graph, num_devices: int | None = None) -> None
     if plan.fingerprint and plan.fingerprint != graph_fingerprint(graph):
         raise bad("it was made for another graph (operator attributes or edges differ) (fingerprint "
                   f"{plan.fingerprint}, this graph's is {graph_fingerprint(graph)})")
-
-
-def prime_factors(k: int) -> list[int]:
-    out, d = [], 2
-    while d * d <= k:
-        while k % d == 0:
-            out.append(d)
-            k //= d
-        d += 1
-    return out + ([k] if k > 1 else [])
 
 
 #: the most orders of k's prime factors the search tries (k = 2*3*5*7 has 24; 2**16 has one)
