@@ -533,14 +533,21 @@ def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
     return results
 
 
-def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan, ...]:
+def _tensor_and_op_plans(graph: Graph, results: list[_LevelResult]
+                         ) -> tuple[tuple[TensorPlan, ...], tuple[OpPlan, ...]]:
+    """The plan's tensors (a variable's, or an operator's outputs, in node order) and its
+    operators, in one pass over the nodes."""
     parts = [r.cut.parts for r in results]
     members = [r.members for r in results]
     var_layouts = [r.var_layout for r in results]
     # the ids of what each level chose (all alive in results), the output and the id of its
     # TensorInfo (alive in the graph) -> the plan's layouts and the largest shard
     typed: dict[tuple, tuple[tuple[StoredLayout, ...], tuple[int, ...]]] = {}
-    plans = []
+    # the ids of the (strategy, stored layouts) each level chose -> the strategies' types; a
+    # search Strategy's type by its id (hashing one is slow)
+    op_typed: dict[tuple, tuple[OpStrategy, ...]] = {}
+    strategy_types: dict[int, OpStrategy] = {}
+    plans, ops = [], []
     append = plans.append
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
@@ -559,7 +566,14 @@ def _tensor_plans(graph: Graph, results: list[_LevelResult]) -> tuple[TensorPlan
             if key not in typed:
                 typed[key] = _typed_layouts(info.shape, [row[1][k] for row in rows], parts)
             append(TensorPlan(f"{name}:{k}", "activation", info.shape, info.dtype, *typed[key]))
-    return tuple(plans)
+        strategies = op_typed.get(ids)
+        if strategies is None:
+            for s, _ in rows:
+                if id(s) not in strategy_types:
+                    strategy_types[id(s)] = OpStrategy.of(s)
+            strategies = op_typed[ids] = tuple(strategy_types[id(s)] for s, _ in rows)
+        ops.append(OpPlan(name, node.op, strategies))
+    return tuple(plans), tuple(ops)
 
 
 def _typed_layouts(shape: tuple[int, ...], found: list, parts: list[int]
@@ -573,33 +587,11 @@ def _typed_layouts(shape: tuple[int, ...], found: list, parts: list[int]
     return tuple(map(StoredLayout.of, found)), tuple(shard)
 
 
-def _op_plans(graph: Graph, results: list[_LevelResult]) -> tuple[OpPlan, ...]:
-    members = [r.members for r in results]
-    # the ids of the (strategy, stored layouts) each level chose (all alive in results) ->
-    # the strategies' types; a search Strategy's type by its id (hashing one is slow)
-    typed: dict[tuple, tuple[OpStrategy, ...]] = {}
-    strategy_types: dict[int, OpStrategy] = {}
-    plans = []
-    for i, n in enumerate(graph.nodes):
-        if n.is_variable:
-            continue
-        rows = [chosen[i] for chosen in members]
-        key = tuple(map(id, rows))
-        found = typed.get(key)
-        if found is None:
-            for s, _ in rows:
-                if id(s) not in strategy_types:
-                    strategy_types[id(s)] = OpStrategy.of(s)
-            found = typed[key] = tuple(strategy_types[id(s)] for s, _ in rows)
-        plans.append(OpPlan(n.name, n.op, found))
-    return tuple(plans)
-
-
 def _memory(graph: Graph, tensors: Sequence[TensorPlan], kept: Mapping, options: SearchOptions,
             k: int, structure: GraphStructure) -> tuple[Memory, ...]:
     """``kept``: :func:`~nnvm_passes.backward.kept_tensors` of the graph; ``tensors``:
-    :func:`_tensor_plans` of the graph (a variable's tensor, or an operator's outputs, in
-    node order)."""
+    :func:`_tensor_and_op_plans` of the graph (a variable's tensor, or an operator's
+    outputs, in node order)."""
     sizes: dict[tuple, int] = {}      # (id of a shard, dtype) -> its bytes (shards shared)
 
     def shard_bytes(t: TensorPlan) -> int:
@@ -872,7 +864,7 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
               weights: frozenset = frozenset(), used: float = 0.0) -> Plan:
     """The plan of ``results``; ``weights``: the parameters kept before the search
     (:func:`_small_weights`), holding at most ``used`` bytes of the keep budget."""
-    tensors = _tensor_plans(graph, results)
+    tensors, op_plans = _tensor_and_op_plans(graph, results)
     levels = tuple(Level(p, math.prod(order[:k]), _bytes_moved(r), len(r.problem.slots),
                          r.solution.max_frontier, r.solution.max_states)
                    for k, (p, r) in enumerate(zip(order, results)))
@@ -884,13 +876,28 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
     memory = _memory(graph, tensors, shared.kept, options, num_devices, shared.structure)
     kept, saved = _keep_small(graph, results, options.keep_share * memory[0].total - used
                               if options.refetch else 0)
-    readers = {(graph.nodes[i].name, j) for i in shared.structure.refetching
-               for j, e in enumerate(graph.nodes[i].inputs) if (e.node, e.index) in weights}
-    kept = tuple(sorted(set(kept) | readers))
+    kept = tuple(sorted(set(kept) | _readers_of(graph, shared.structure, weights)))
     levels = tuple(dataclasses.replace(lv, bytes_per_group=lv.bytes_per_group - s)
                    for lv, s in zip(levels, saved))
-    return Plan(num_devices, tuple(order), levels, tensors, _op_plans(graph, results), memory,
+    return Plan(num_devices, tuple(order), levels, tensors, op_plans, memory,
                 shared.opaque, coarsening, shared.fingerprint, options.refetch, kept)
+
+
+def _readers_of(graph: Graph, structure: GraphStructure, tensors: frozenset
+                ) -> set[tuple[str, int]]:
+    """The inputs (operator name, input index) of re-fetching operators that read one of
+    ``tensors`` ((node, output) pairs)."""
+    if not tensors:
+        return set()
+    ports = structure.ports(graph)
+    wanted = np.zeros(int(ports.tensor_start[-1]), dtype=bool)
+    wanted[[int(ports.tensor_start[i]) + j for i, j in tensors]] = True
+    refetching = np.zeros(len(graph.nodes), dtype=bool)
+    refetching[np.fromiter(structure.refetching, np.int64, len(structure.refetching))] = True
+    at = np.flatnonzero(wanted[ports.tensor] & refetching[ports.member])
+    nodes = graph.nodes
+    return {(nodes[i].name, j) for i, j in zip(ports.member[at].tolist(),
+                                                ports.input[at].tolist())}
 
 
 def _bytes_moved(result: _LevelResult) -> float:
