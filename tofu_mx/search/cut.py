@@ -51,7 +51,7 @@ from tofu_mx.search import ties
 from tofu_mx.search.cost import (consumer_bytes, converted_bytes, intersect,
                                   producer_bytes, stored_regions, volume)
 from tofu_mx.search.problem import Problem, distinct_rows, make_indexed_problem
-from tofu_mx.search.structure import GraphStructure, needs_grad_of
+from tofu_mx.search.structure import GraphStructure, itemsize_of, needs_grad_of
 from tofu_mx.tdl.analysis import Layout, Strategy
 from tofu_mx.tdl.annotate import annotate, replicate_strategy
 
@@ -389,7 +389,7 @@ class Cut:
             self._bytes[key] = self._producer_bytes(copy, row)
             if self.memory_weight:
                 self._excess[key] = sum(
-                    _excess(layout, self.view.op_out[m][j], self.structure.itemsize[(m, j)],
+                    _excess(layout, self.view.op_out[m][j], self._itemsize(m, j),
                             self.parts)
                     for m, (_, stored) in zip(copy, row) for j, layout in enumerate(stored))
         return self._rows[key]
@@ -440,8 +440,12 @@ class Cut:
             for j, layout in enumerate(stored[:len(s.outputs)]):
                 total += _producer(layout, self.view.op_out[m][j], s.outputs[j],
                                    s.output_layouts[j].kind == "partial",
-                                   self.structure.itemsize[(m, j)], self.needs_grad[(m, j)])
+                                   self._itemsize(m, j), self.needs_grad[(m, j)])
         return total
+
+    def _itemsize(self, member: int, j: int) -> int:
+        """Bytes of one element of operator ``member``'s output ``j``."""
+        return itemsize_of(self.graph.nodes[member].outputs[j].dtype)
 
     def _resolution(self, group: Group) -> tuple["Resolution", np.ndarray, np.ndarray]:
         """The group's :class:`Resolution`, the producer cost of each of its choices and,

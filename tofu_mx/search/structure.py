@@ -35,14 +35,14 @@ class GraphStructure:
     variable_facts: tuple[tuple[int, int], ...]   # per variable: (itemsize, 2 for a
     #                                               parameter, which holds its gradient, else 1)
     needs_grad: Mapping[tuple[int, int], bool]
-    itemsize: Mapping[tuple[int, int], int]   # bytes of one element of each tensor
     may_follow: Mapping[int, int]  # operator -> the operator producing its first input, for
     #                                operators with one output whose first input is output 0
     #                                of an operator: they follow it if they keep its layout
     outputs_id: Mapping[int, int]  # operator -> id of its outputs' (itemsize, needs gradient)
     shared_params: tuple[tuple[int, ...], ...]   # the operators reading each parameter that
     #                                              two or more read (where ties start)
-    tensor_facts: Mapping[tuple[int, int], int]   # tensor -> id of (itemsize, needs gradient)
+    tensor_facts: np.ndarray      # tensor (in node, then output order: Ports.tensor_start)
+    #                               -> the id of its (itemsize, needs gradient)
     facts_of_tensors: tuple[tuple[int, bool], ...]   # that id -> (itemsize, needs gradient)
     backward: Mapping[int, tuple[frozenset[int], frozenset[int]]]   # operator with a gradient
     #                                   node -> the input and output positions it reads
@@ -55,8 +55,7 @@ class GraphStructure:
     def of(graph: Graph, needs_grad: Mapping | None = None) -> "GraphStructure":
         nodes = graph.nodes
         grad = needs_grad_of(graph) if needs_grad is None else needs_grad
-        itemsize: dict[tuple[int, int], int] = {}
-        tensor_facts: dict[tuple[int, int], int] = {}
+        tensor_facts: list[int] = []        # in tensor order (node, then output)
         facts: dict[tuple[int, bool], int] = {}
         outputs_id: dict[int, int] = {}
         ids: dict[tuple, int] = {}
@@ -67,16 +66,13 @@ class GraphStructure:
         for i, node in enumerate(nodes):
             outputs = node.outputs
             if len(outputs) == 1:      # most nodes: the loop below, unrolled
-                tensor = (i, 0)
-                out = (itemsize_of(outputs[0].dtype), grad[tensor])
+                out = (itemsize_of(outputs[0].dtype), grad[(i, 0)])
                 outs = (out,)
-                itemsize[tensor] = out[0]
-                tensor_facts[tensor] = facts.setdefault(out, len(facts))
+                tensor_facts.append(facts.setdefault(out, len(facts)))
             else:
                 outs = tuple([(itemsize_of(t.dtype), grad[(i, k)]) for k, t in enumerate(outputs)])
-                for k, out in enumerate(outs):
-                    itemsize[(i, k)] = out[0]
-                    tensor_facts[(i, k)] = facts.setdefault(out, len(facts))
+                for out in outs:
+                    tensor_facts.append(facts.setdefault(out, len(facts)))
             if node.is_variable:
                 variables.append(i)
                 key = (out[0], node.kind == "param")
@@ -92,9 +88,8 @@ class GraphStructure:
                 may_follow[i] = ins[0].node
         backward = gradient_reads(graph, grad)
         return GraphStructure(tuple(outputs_id), tuple(variables), tuple(variable_facts), grad,
-                              itemsize, may_follow, outputs_id,
-                              _shared_params(nodes, outputs_id),
-                              tensor_facts, tuple(facts), backward,
+                              may_follow, outputs_id, _shared_params(nodes, outputs_id),
+                              np.array(tensor_facts, dtype=np.int64), tuple(facts), backward,
                               _refetching(graph, backward))
 
     def keeps_input(self, graph: Graph, member: int, j: int) -> bool:
@@ -187,12 +182,9 @@ class Ports:
         source = np.fromiter(map(attrgetter("node"), entries), np.int64, len(entries))
         index = np.fromiter(map(attrgetter("index"), entries), np.int64, len(entries))
         member = np.repeat(np.arange(len(nodes), dtype=np.int64), reads)
-        # the facts of every tensor, in tensor order (the order GraphStructure.of met them)
-        facts = np.fromiter(structure.tensor_facts.values(), np.int64,
-                            len(structure.tensor_facts))
         tensor = tensor_start[source] + index
         return Ports(start, tensor_start, member, np.arange(len(member)) - start[member],
-                     source, tensor, facts[tensor])
+                     source, tensor, structure.tensor_facts[tensor])
 
 
 def _shared_params(nodes, ops: Mapping[int, int]) -> tuple[tuple[int, ...], ...]:

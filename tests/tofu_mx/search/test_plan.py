@@ -557,7 +557,11 @@ def test_ports_and_their_flags_are_each_inputs_own(sym, shapes):
     assert ports.input.tolist() == [j for _, j, _ in read]
     assert ports.source.tolist() == [e.node for _, _, e in read]
     assert [tensors[t] for t in ports.tensor.tolist()] == [(e.node, e.index) for _, _, e in read]
-    assert ports.facts.tolist() == [structure.tensor_facts[(e.node, e.index)] for _, _, e in read]
+    facts = [structure.facts_of_tensors[f] for f in ports.facts.tolist()]
+    assert facts == [(np.dtype(graph.tensor(e).dtype).itemsize, structure.needs_grad[(e.node, e.index)])
+                     for _, _, e in read]
+    assert ports.facts.tolist() == [structure.tensor_facts[ports.tensor_start[e.node] + e.index]
+                                    for _, _, e in read]
     assert all(ports.start[i] + j == p for p, (i, j, _) in enumerate(read))
     by_gradient = [structure.keeps_input(graph, i, j) for i, j, _ in read]
     assert structure.read_by_gradient(graph).tolist() == by_gradient and any(by_gradient)
