@@ -991,8 +991,13 @@ def _keep_small(graph: Graph, results: list[_LevelResult],
 
 def _opaque_ops(graph: Graph) -> tuple[OpaqueOp, ...]:
     found = []
+    # what the registry holds, by operator and attribute object (shared by nodes, alive)
+    entries: dict[tuple[str, int], Any] = {}
     for node in graph.operators():
-        entry = registry_entry(node.op, node.attrs)
+        key = (node.op, id(node.attrs))
+        if key not in entries:
+            entries[key] = registry_entry(node.op, node.attrs)
+        entry = entries[key]
         if entry is None:
             found.append(OpaqueOp(node.name, node.op, "no description"))
         elif not isinstance(entry, Description):
