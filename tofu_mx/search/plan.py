@@ -754,13 +754,10 @@ def _small_weights(graph: Graph, num_devices: int, options: SearchOptions,
         return frozenset(), 0.0
     structure = shared.structure
     ports = structure.ports(graph)
-    n = len(graph.nodes)
-    refetching = np.zeros(n, dtype=bool)
-    refetching[np.fromiter(structure.refetching, np.int64, len(structure.refetching))] = True
-    param = np.zeros(n, dtype=bool)
+    param = np.zeros(len(graph.nodes), dtype=bool)
     param[[v for v, facts in zip(structure.variables, structure.variable_facts)
            if facts[1] == 2]] = True
-    read = np.flatnonzero(refetching[ports.member] & param[ports.source] &
+    read = np.flatnonzero(structure.refetches(graph)[ports.member] & param[ports.source] &
                           structure.read_by_gradient(graph))
     # each parameter tensor such an input reads, once, with its bytes
     _, first = np.unique(ports.tensor[read], return_index=True)
@@ -892,9 +889,7 @@ def _readers_of(graph: Graph, structure: GraphStructure, tensors: frozenset
     ports = structure.ports(graph)
     wanted = np.zeros(int(ports.tensor_start[-1]), dtype=bool)
     wanted[[int(ports.tensor_start[i]) + j for i, j in tensors]] = True
-    refetching = np.zeros(len(graph.nodes), dtype=bool)
-    refetching[np.fromiter(structure.refetching, np.int64, len(structure.refetching))] = True
-    at = np.flatnonzero(wanted[ports.tensor] & refetching[ports.member])
+    at = np.flatnonzero(wanted[ports.tensor] & structure.refetches(graph)[ports.member])
     nodes = graph.nodes
     return {(nodes[i].name, j) for i, j in zip(ports.member[at].tolist(),
                                                 ports.input[at].tolist())}

@@ -104,6 +104,14 @@ class GraphStructure:
             self.port_memo[None] = Ports.of(self, graph)
         return self.port_memo[None]
 
+    def refetches(self, graph: Graph) -> np.ndarray:
+        """Per node: whether it is one of :attr:`refetching`. Made once."""
+        if "refetching" not in self.port_memo:
+            found = np.zeros(len(graph.nodes), dtype=bool)
+            found[np.fromiter(self.refetching, np.int64, len(self.refetching))] = True
+            self.port_memo["refetching"] = found
+        return self.port_memo["refetching"]
+
     def read_by_gradient(self, graph: Graph) -> np.ndarray:
         """Per port (:meth:`ports`): whether its reader's gradient reads it (so a converted
         copy of it lives until the backward pass: :meth:`keeps_input`). Made once."""
@@ -135,9 +143,7 @@ class GraphStructure:
             ports = self.ports(graph)
             again = np.zeros(len(ports.member), dtype=bool)
             if refetch and self.refetching:
-                refetching = np.zeros(len(graph.nodes), dtype=bool)
-                refetching[np.fromiter(self.refetching, np.int64, len(self.refetching))] = True
-                again = refetching[ports.member]
+                again = self.refetches(graph)[ports.member]
                 if kept_tensors:
                     kept_tensor = np.zeros(int(ports.tensor_start[-1]), dtype=bool)
                     kept_tensor[[int(ports.tensor_start[i]) + k for i, k in kept_tensors]] = True

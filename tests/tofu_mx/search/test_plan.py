@@ -565,6 +565,8 @@ def test_ports_and_their_flags_are_each_inputs_own(sym, shapes):
     assert all(ports.start[i] + j == p for p, (i, j, _) in enumerate(read))
     by_gradient = [structure.keeps_input(graph, i, j) for i, j, _ in read]
     assert structure.read_by_gradient(graph).tolist() == by_gradient and any(by_gradient)
+    assert structure.refetches(graph).tolist() == [i in structure.refetching
+                                                   for i in range(len(graph.nodes))]
     some = frozenset((e.node, e.index) for _, _, e in read[::7])
     for refetch in (False, True):
         for kept_tensors in (frozenset(), some):
