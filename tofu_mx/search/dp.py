@@ -424,7 +424,9 @@ class _Folding:
                 flat += np.bincount(at, weights=rows.ravel(), minlength=len(flat))
         inner = np.flatnonzero(stays & ~one_u & ~one_v)
         taken = ~one & ~is_leaf
-        chains = _Chains.of(taken, schedule.last, eu[inner], ev[inner], which[inner],
+        kept_nodes = np.flatnonzero(taken)
+        leave = np.bincount(schedule.last[kept_nodes], minlength=n)    # kept leaving at v
+        chains = _Chains.of(taken, schedule.last, leave, eu[inner], ev[inner], which[inner],
                             matrices, flat, starts, count)
         # the nodes taken one at a time (not in a run of chain steps): their edges and costs
         alone = taken.copy()
@@ -440,13 +442,10 @@ class _Folding:
         bounds = starts.tolist()
         for v in np.flatnonzero(alone).tolist():
             unary[v] = flat[bounds[v]:bounds[v + 1]]
-        kept_nodes = np.flatnonzero(taken)
-        leave = np.zeros(n, dtype=bool)
-        leave[schedule.last[kept_nodes]] = True
         inside = np.zeros(n, dtype=bool)     # a run's steps after its first
         inside[chains.members] = True
         inside[chains.firsts] = False
-        steps = np.flatnonzero((taken & ~inside) | (leave & ~taken)).tolist()
+        steps = np.flatnonzero((taken & ~inside) | ((leave > 0) & ~taken)).tolist()
         return _Folding(taken.tolist(), steps, _leaving(kept_nodes, schedule.last, n), unary,
                         neighbours, chosen, constant, chains)
 
@@ -481,18 +480,18 @@ class _Chains:
         return _Chains([-1] * n, [], [], [], (), [], *[np.zeros(0, dtype=np.int64)] * 2)
 
     @staticmethod
-    def of(taken: np.ndarray, last: np.ndarray, eu: np.ndarray, ev: np.ndarray,
-           which: np.ndarray, matrices: list, flat: np.ndarray, starts: np.ndarray,
-           count: np.ndarray) -> "_Chains":
-        """``taken``: the nodes the DP takes; ``eu``, ``ev``, ``which``: the edges between
-        them; ``flat``, ``starts``: their unary costs (:func:`_flat`)."""
+    def of(taken: np.ndarray, last: np.ndarray, leave: np.ndarray, eu: np.ndarray,
+           ev: np.ndarray, which: np.ndarray, matrices: list, flat: np.ndarray,
+           starts: np.ndarray, count: np.ndarray) -> "_Chains":
+        """``taken``: the nodes the DP takes; ``leave``: how many of them leave at each
+        node (their last neighbour's); ``eu``, ``ev``, ``which``: the edges between them;
+        ``flat``, ``starts``: their unary costs (:func:`_flat`)."""
         n = len(taken)
         edges_in = np.bincount(ev, minlength=n)
         single = edges_in[ev] == 1
         source = np.full(n, -1, dtype=np.int64)
         matrix = np.full(n, -1, dtype=np.int64)
         source[ev[single]], matrix[ev[single]] = eu[single], which[single]
-        leave = np.bincount(last[np.flatnonzero(taken)], minlength=n)
         # the frontier's size before each node: those taken before it less those gone
         size = np.cumsum(taken) - taken - (np.cumsum(leave) - leave)
         chain = taken & (size == 1) & (edges_in == 1) & (leave == 1)
