@@ -5,7 +5,6 @@ import pytest
 
 from nnvm_passes.ir import (Entry, FrozenDict, Graph, Node, TensorInfo, format_attr_value,
                             parse_attr_value)
-from tofu_mx.search.cut import Resolution
 from tofu_mx.search.layouts import StoredLayout
 from tofu_mx.search.plan import OpPlan, TensorPlan
 
@@ -83,7 +82,6 @@ def test_graph_lookups():
             (TensorInfo((2, 4), "float32"),), None, FrozenDict(control_deps="[]"))),
     (TensorPlan, ("fc:0", "activation", (2, 4), "float32", (StoredLayout(0),), (1, 4))),
     (OpPlan, ("fc", "FullyConnected", ())),
-    (Resolution, (((3, 4),), (((None, ("split", 0)),),), (0,), 2)),
 ])
 def test_written_out_constructors_behave_as_a_frozen_dataclass_s(cls, values):
     """The classes made by the hundred thousand write their own __init__ (for speed): every

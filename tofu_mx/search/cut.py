@@ -282,20 +282,25 @@ class Cut:
         if not tie or not self.structure.shared_params:
             return [Group([c]) for c in copies]     # no parameter is read twice
         ids: dict[tuple, int] = {}
-        signature = [ids.setdefault(tuple(zip((self._kind_of[m] for m in copy), wiring)),
-                                    len(ids)) for copy, wiring in zip(copies, positions)]
+        kind_of = self._kind_of
+
+        def signature(k: int) -> int:
+            """Copy ``k``'s signature: its members' kinds and wiring."""
+            return ids.setdefault(tuple(zip(map(kind_of.__getitem__, copies[k]),
+                                            positions[k])), len(ids))
         if not self._may_tie(copy_of, signature):
             return [Group([c]) for c in copies]
-        return self._tie(copies, signature)
+        ids.clear()     # numbered in copy order
+        return self._tie(copies, [signature(k) for k in range(len(copies))])
 
-    def _may_tie(self, copy_of: dict[int, int], signature: list[int]) -> bool:
-        """Whether two copies of one signature read one parameter: where ties start
-        (:func:`tofu_mx.search.ties.tie` ties nothing otherwise)."""
+    def _may_tie(self, copy_of: dict[int, int], signature) -> bool:
+        """Whether two copies of one signature (``signature(copy)``) read one parameter:
+        where ties start (:func:`tofu_mx.search.ties.tie` ties nothing otherwise)."""
         for readers in self.structure.shared_params:
             seen: dict[int, int] = {}
             for m in readers:
                 k = copy_of[m]
-                if seen.setdefault(signature[k], k) != k:
+                if k not in seen.values() and seen.setdefault(signature(k), k) != k:
                     return True
         return False
 
@@ -306,7 +311,8 @@ class Cut:
         ids: dict[tuple, int] = {}
         outputs_id, shape_id = self.structure.outputs_id, self._shape_id
         for copy, wiring in zip(copies, positions):
-            key = tuple([(shape_id[m], outputs_id[m], p) for m, p in zip(copy, wiring)])
+            key = tuple(zip(map(shape_id.__getitem__, copy), map(outputs_id.__getitem__, copy),
+                            wiring))
             self._copy_keys[copy[0]] = ids.setdefault(key, len(ids))
 
     def _tie(self, copies: list[list[int]], signature: list[int]) -> list[Group]:
@@ -448,9 +454,10 @@ class Cut:
         return itemsize_of(self.graph.nodes[member].outputs[j].dtype)
 
     def _resolution(self, group: Group) -> tuple["Resolution", np.ndarray, np.ndarray]:
-        """The group's :class:`Resolution`, the producer cost of each of its choices and,
-        with a memory weight, that cost plus the weighted bytes its outputs are stored
-        above an even share (computed once per choice set and copy structures; read-only)."""
+        """The group's :class:`Resolution` (shared by the groups whose copies have its
+        structures), the producer cost of each of its choices and, with a memory weight,
+        that cost plus the weighted bytes its outputs are stored above an even share
+        (computed once per choice set and copy structures; read-only)."""
         copy_keys = self._copy_keys
         keys = tuple([copy_keys[copy[0]] for copy in group.copies])
         choices_id = self._shape_id[group.copies[0][0]]
@@ -465,71 +472,86 @@ class Cut:
             cost = np.array(unary, dtype=np.float64)
             weighted = cost + self.memory_weight * np.array(excess) if excess else cost
             cost.flags.writeable = weighted.flags.writeable = False
-            found = self._resolutions[(choices_id, keys)] = (tuple(rows), cost, weighted)
-        rows, cost, weighted = found
-        return Resolution(tuple(map(tuple, group.copies)), rows, keys, choices_id), cost, \
-            weighted
+            found = self._resolutions[(choices_id, keys)] = (
+                Resolution(tuple(rows), keys, choices_id), cost, weighted)
+        return found
 
     # --- the problem ------------------------------------------------------------------------
     def problem(self) -> "CutProblem":
         """The labelling problem of this cut: one node per group and per variable, in graph
         order, with the bytes each choice moves (and, with a memory weight, what it keeps)."""
-        groups, variables, graph_nodes = self.groups, self.variables, self.graph.nodes
+        groups, variables = self.groups, self.variables
+        copies = _Copies.of(groups, self._copy_keys)
+        leaders = copies.members[copies.member_start[:-1]]
+        group_leader = leaders[copies.start[:-1]]     # its first copy's: names it
         # groups (in order of their first member) and variables (in graph order) merged
-        order = np.argsort(np.array([g.first for g in groups] + variables, dtype=np.int64),
-                           kind="stable").tolist()
+        first = np.minimum.reduceat(leaders, copies.start[:-1]) if groups else leaders
+        order = np.argsort(np.concatenate([first, np.array(variables, dtype=np.int64)]),
+                           kind="stable")
         slot_at = np.empty(len(order), dtype=np.int64)
         slot_at[order] = np.arange(len(order))
-        found = [self._resolution(g) for g in groups] + self._variable_rows()
-        objects = groups + variables
-        slots = tuple([objects[k] for k in order])
-        names = [graph_nodes[g.copies[0][0]].name for g in groups] + \
-            [graph_nodes[v].name for v in variables]
-        names = [names[k] for k in order]
-        choices = [g.labels for g in groups] + [row[3] for row in found[len(groups):]]
-        choices = [choices[k] for k in order]
-        resolved = [found[k][0] for k in order]
-        unary = [found[k][1] for k in order]
-        weighted_unary = [found[k][2] for k in order]
-        where = np.full(len(graph_nodes), -1, dtype=np.int64)     # graph node -> its slot
-        members = list(chain.from_iterable(chain.from_iterable(g.copies for g in groups)))
-        where[members] = np.repeat(slot_at[:len(groups)], [sum(map(len, g.copies))
-                                                             for g in groups])
+        # each distinct resolution once (groups whose copies have one structure share it),
+        # then each distinct variable row, as one pool the slots index
+        representative, resolution_of = np.unique(copies.group_keys(), return_index=True,
+                                                  return_inverse=True)[1:]
+        found = [self._resolution(groups[g]) for g in representative.tolist()]
+        var_rows, var_row_of = self._variable_rows()
+        pool = np.concatenate([resolution_of.reshape(-1), len(found) + var_row_of])[order]
+        pick = pool.tolist()
+        found += var_rows
+        resolved = list(map([x[0] for x in found].__getitem__, pick))
+        unary = list(map([x[1] for x in found].__getitem__, pick))
+        weighted_unary = list(map([x[2] for x in found].__getitem__, pick))
+        labels = [groups[g].labels for g in representative.tolist()] + \
+            [row[3] for row in var_rows]
+        choices = list(map(labels.__getitem__, pick))
+        slots = tuple(map((groups + variables).__getitem__, order.tolist()))
+        names = list(map(self.structure.names(self.graph).__getitem__,
+                         np.concatenate([group_leader, variables])[order].tolist()))
+        where = np.full(len(self.graph.nodes), -1, dtype=np.int64)     # graph node -> slot
+        where[copies.members] = np.repeat(slot_at[:len(groups)], copies.group_sizes())
         where[variables] = slot_at[len(groups):]
+        batches = self._batches(copies, slot_at, [x[0] for x in found[:len(representative)]],
+                                resolution_of.reshape(-1))
         (source, target, which, costs, weights), refetched = \
-            self._edges(slots, slot_at, where, resolved)
+            self._edges(batches, where, var_rows, var_row_of)
         bytes_problem = make_indexed_problem(names, choices, unary, source, target, which,
                                              costs)
         weighted = bytes_problem if not self.memory_weight else make_indexed_problem(
             names, choices, weighted_unary, source, target, which, weights)
         return CutProblem(weighted, bytes_problem, slots, where, tuple(resolved), refetched)
 
-    def _variable_rows(self) -> list[tuple]:
-        """Each variable's ``(layouts, cost, weighted cost, labels)``: its choices are the
-        layouts it may be stored in (a parameter's holds its gradient too), one tuple per
-        shape, itemsize and kind."""
-        rows: dict[tuple, tuple] = {}
-        by_id: dict[tuple, tuple] = {}      # the same by the shape's id (alive in the view)
-        var_shape = self.view.var
-        found = []
-        for v, facts in zip(self.variables, self.structure.variable_facts):
-            shape = var_shape[v]
-            row = by_id.get((id(shape), facts))
-            if row is None:
-                key = (shape, *facts)
-                row = rows.get(key)
-                if row is None:
-                    layouts = self.var_layouts[v]
-                    row = rows[key] = (
-                        tuple(layouts), np.zeros(len(layouts)), self.memory_weight * key[2] *
-                        np.array([_excess(x, key[0], key[1], self.parts) for x in layouts]),
-                        tuple([layout_name(x) for x in layouts]))
-                by_id[(id(shape), facts)] = row
-            found.append(row)
-        return found
+    def _variable_rows(self) -> tuple[list[tuple], np.ndarray]:
+        """Each distinct variable row ``(layouts, cost, weighted cost, labels)``, and which
+        each variable has: its choices are the layouts it may be stored in (a parameter's
+        holds its gradient too), one row per shape, itemsize and kind."""
+        variables, var_shape = self.variables, self.view.var
+        if not variables:
+            return [], np.zeros(0, dtype=np.int64)
+        facts = self.structure.variable_facts
+        # by the identities of the shape and the facts (shared, alive in the view and the
+        # structure), then by value
+        ids = np.stack([np.fromiter((id(var_shape[v]) for v in variables), np.int64,
+                                    len(variables)),
+                        np.fromiter(map(id, facts), np.int64, len(variables))], axis=1)
+        _, first, which = np.unique(ids, axis=0, return_index=True, return_inverse=True)
+        rows: dict[tuple, int] = {}
+        found, row_of = [], []
+        for k in first.tolist():
+            v = variables[k]
+            key = (var_shape[v], *facts[k])
+            if key not in rows:
+                layouts = self.var_layouts[v]
+                rows[key] = len(found)
+                found.append((
+                    tuple(layouts), np.zeros(len(layouts)), self.memory_weight * key[2] *
+                    np.array([_excess(x, key[0], key[1], self.parts) for x in layouts]),
+                    tuple([layout_name(x) for x in layouts])))
+            row_of.append(rows[key])
+        return found, np.array(row_of, dtype=np.int64)[which.reshape(-1)]
 
-    def _edges(self, slots: tuple, slot_at: np.ndarray, where: np.ndarray, resolved: list
-               ) -> tuple[tuple, "RefetchedEdges"]:
+    def _edges(self, batches: list[tuple], where: np.ndarray, var_rows: list[tuple],
+               var_row_of: np.ndarray) -> tuple[tuple, "RefetchedEdges"]:
         """The problem's edges, one for each input of each member, as arrays ``(source slot,
         slot, matrix index)`` in reading order (slot, copy, member, input), with the bytes
         moved and the weighted cost of each distinct matrix, indexed by the source's and
@@ -537,15 +559,15 @@ class Cut:
         (:class:`RefetchedEdges`). Tied copies (RNN steps) reading the same tensor in the same
         region share one fetched copy, and sum their gradients before reducing it: one
         edge, the first in reading order. Copies of one structure are taken together:
-        what they read and hold comes from their structure, computed once."""
+        what they read and hold comes from their structure, computed once (``batches``:
+        :meth:`_batches`; ``var_rows``, ``var_row_of``: :meth:`_variable_rows`)."""
         ports = self.structure.ports(self.graph)
         port_again, port_kept = self.structure.port_flags(
             self.graph, self.refetch, self.kept_tensors, bool(self.memory_weight))
-        batches = self._batches(slot_at, resolved)
-        held = self._held(slot_at, resolved, batches, ports)
+        held = self._held(batches, var_rows, var_row_of, ports)
         slot, copy_at, position, port, read = [], [], [], [], []
-        for resolution, c, ks, cs, copies in batches.values():
-            member_at, inputs, reads = self._reads(resolution, c)
+        for resolution, c, ks, cs, copies in batches:
+            member_at, inputs, reads = self._reads(resolution, c, copies[0].tolist())
             if not len(member_at):
                 continue
             n, width = len(copies), len(member_at)
@@ -636,56 +658,67 @@ class Cut:
             np.stack([edges.held, edges.read, edges.facts, chosen[edges.source],
                       chosen[edges.slot]], axis=1), memo, one)
 
-    def _batches(self, slot_at: np.ndarray, resolved: list) -> dict[tuple, tuple]:
+    def _batches(self, copies: "_Copies", slot_at: np.ndarray, resolutions: list,
+                 resolution_of: np.ndarray) -> list[tuple]:
         """The groups' copies by structure (choice set and copy structure): ``(a resolution
         holding one, its copy index, the slots, the copy indices, the copies)``, the last
-        three as arrays (the copies' members one row each), in reading order within each
-        (``slot_at``: the slot of each group, in order, then of each variable)."""
-        batches: dict[tuple, tuple] = {}
-        for k, group in zip(slot_at[:len(self.groups)].tolist(), self.groups):
-            resolution = resolved[k]
-            for c, copy in enumerate(group.copies):
-                key = (resolution.choices_id, resolution.keys[c])
-                batch = batches.get(key)
-                if batch is None:
-                    batch = batches[key] = (resolution, c, [], [], [])
-                batch[2].append(k)
-                batch[3].append(c)
-                batch[4].append(copy)
-        return {key: (resolution, c) + tuple(np.array(x, dtype=np.int64) for x in lists)
-                for key, (resolution, c, *lists) in batches.items()}
+        three as arrays (the copies' members one row each), in group and copy order, the
+        batches in order of their first copy (``slot_at``: the slot of each group, in order,
+        then of each variable; ``resolutions``: the distinct ones, ``resolution_of``: each
+        group's)."""
+        if not len(copies.key):
+            return []
+        choices_id = np.array([r.choices_id for r in resolutions], dtype=np.int64)
+        combined = choices_id[resolution_of[copies.group]] * (int(copies.key.max()) + 1) + \
+            copies.key
+        _, first, which = np.unique(combined, return_index=True, return_inverse=True)
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[np.argsort(first)] = np.arange(len(first))
+        which = rank[which.reshape(-1)]        # batches numbered by their first copy
+        by_batch = np.argsort(which, kind="stable")
+        bounds = np.zeros(len(first) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(which), out=bounds[1:])
+        sizes = np.diff(copies.member_start)
+        batches = []
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            at = by_batch[a:b]
+            f = int(at[0])
+            group = copies.group[at]
+            members = copies.members[copies.member_start[at][:, None] +
+                                     np.arange(int(sizes[f]))]
+            batches.append((resolutions[int(resolution_of[group[0]])], int(copies.index[f]),
+                            slot_at[group], copies.index[at], members))
+        return batches
 
-    def _held(self, slot_at: np.ndarray, resolved: list, batches: dict, ports) -> np.ndarray:
+    def _held(self, batches: list[tuple], var_rows: list[tuple], var_row_of: np.ndarray,
+              ports) -> np.ndarray:
         """Tensor (numbered as in :class:`~tofu_mx.search.structure.Ports`) -> id of the
         layouts it is stored in, per choice of its slot."""
         held = np.full(int(ports.tensor_start[-1]), -1, dtype=np.int64)
-        for resolution, c, _, _, copies in batches.values():
+        for resolution, c, _, _, copies in batches:
             key = ("held", resolution.choices_id, resolution.keys[c])
             if key not in self._ends:
-                rows, copy = resolution.rows, resolution.copies[c]
+                rows, copy = resolution.rows, copies[0].tolist()
                 self._ends[key] = _columns(
                     [(p, i, self._intern(tuple(row[c][p][1][i] for row in rows)))
                      for p, m in enumerate(copy)
                      for i in range(len(self.graph.nodes[m].outputs))])
             member_at, output, ids = self._ends[key]
             held[ports.tensor_start[copies[:, member_at]] + output] = ids
-        ids = []
-        for v, k in zip(self.variables, slot_at[len(self.groups):].tolist()):
-            key = ("variable", self.view.var[v])    # a variable: its layouts are its choices
-            if key not in self._ends:
-                self._ends[key] = self._intern(tuple(resolved[k]))
-            ids.append(self._ends[key])
-        held[ports.tensor_start[self.variables]] = ids
+        if var_rows:    # a variable: its layouts are its choices
+            ids = np.array([self._intern(row[0]) for row in var_rows], dtype=np.int64)
+            held[ports.tensor_start[self.variables]] = ids[var_row_of]
         return held
 
-    def _reads(self, resolution: "Resolution", c: int) -> tuple[np.ndarray, ...]:
+    def _reads(self, resolution: "Resolution", c: int, copy: list[int]
+               ) -> tuple[np.ndarray, ...]:
         """``(member position, input, read id)`` arrays over the inputs of the members of
-        copy ``c``, in member and input order: the id of what each reads of the input under
-        each choice, and the input's work-view shape. Computed once per choice set and copy
-        structure."""
+        copy ``c`` (one of its structure: ``copy``), in member and input order: the id of
+        what each reads of the input under each choice, and the input's work-view shape.
+        Computed once per choice set and copy structure."""
         key = ("reads", resolution.choices_id, resolution.keys[c])
         if key not in self._ends:
-            rows, op_in, copy = resolution.rows, self.view.op_in, resolution.copies[c]
+            rows, op_in = resolution.rows, self.view.op_in
             self._ends[key] = _columns(
                 [(p, j, self._intern((tuple(row[c][p][0].inputs[j] for row in rows),
                                       op_in[m][j])))
@@ -727,31 +760,58 @@ class Cut:
         return cost, weighted
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class Resolution:
-    """A group's choices resolved: ``rows[choice][c]`` holds each member of copy ``c`` as
-    ``(Strategy, stored layouts)``, in copy order. Copies of one structure share their rows
-    (each is computed once), so a choice costs one reference per copy, not one per member."""
+    """A choice set resolved for copies of given structures: ``rows[choice][c]`` holds each
+    member of copy ``c`` as ``(Strategy, stored layouts)``, in copy order. The groups whose
+    copies have these structures share it (each row is computed once), so a group costs one
+    reference."""
 
-    copies: tuple[tuple[int, ...], ...]
     rows: tuple[tuple[tuple, ...], ...]
     keys: tuple[int, ...]       # each copy's structure id
     choices_id: int             # its choices' id (the shape id of its leader)
 
-    def __init__(self, copies: tuple[tuple[int, ...], ...], rows: tuple[tuple[tuple, ...], ...],
-                 keys: tuple[int, ...], choices_id: int):
-        # written out (a cut makes one per group): see nnvm_passes.ir.Entry
-        fields = self.__dict__
-        fields["copies"] = copies
-        fields["rows"] = rows
-        fields["keys"] = keys
-        fields["choices_id"] = choices_id
 
-    def members(self, choice: int) -> dict[int, tuple[Strategy, tuple]]:
-        found = {}
-        for copy, row in zip(self.copies, self.rows[choice]):
-            found.update(zip(copy, row))
-        return found
+@dataclass(frozen=True)
+class _Copies:
+    """The groups' copies as arrays, in group order and each group's copy order."""
+
+    group: np.ndarray           # copy -> its group
+    index: np.ndarray           # copy -> its position in its group
+    key: np.ndarray             # copy -> its structure id
+    start: np.ndarray           # group -> its first copy (one more entry: the end)
+    members: np.ndarray         # the copies' members, copy after copy
+    member_start: np.ndarray    # copy -> its first member in ``members`` (one more entry)
+
+    @staticmethod
+    def of(groups: list[Group], copy_keys: Mapping[int, int]) -> "_Copies":
+        copies = list(chain.from_iterable(g.copies for g in groups))
+        start = np.zeros(len(groups) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, (g.copies for g in groups)), np.int64, len(groups)),
+                  out=start[1:])
+        member_start = np.zeros(len(copies) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, copies), np.int64, len(copies)), out=member_start[1:])
+        members = np.fromiter(chain.from_iterable(copies), np.int64, int(member_start[-1]))
+        group = np.repeat(np.arange(len(groups), dtype=np.int64), np.diff(start))
+        key = np.fromiter(map(copy_keys.__getitem__, members[member_start[:-1]].tolist()),
+                          np.int64, len(copies))
+        return _Copies(group, np.arange(len(copies)) - start[group], key, start, members,
+                       member_start)
+
+    def group_keys(self) -> np.ndarray:
+        """Per group, an id of its copies' structures (in order)."""
+        if not len(self.key) or int(np.diff(self.start).max()) == 1:
+            return self.key
+        ids: dict[tuple, int] = {}
+        keys = self.key.tolist()
+        return np.array([ids.setdefault(tuple(keys[a:b]), len(ids)) for a, b in
+                         zip(self.start[:-1].tolist(), self.start[1:].tolist())],
+                        dtype=np.int64)
+
+    def group_sizes(self) -> np.ndarray:
+        """Per group, its members."""
+        return np.add.reduceat(np.diff(self.member_start), self.start[:-1]) if \
+            len(self.start) > 1 else np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -798,8 +858,7 @@ class CutProblem:
         found = {}
         for slot, obj in enumerate(self.slots):
             if isinstance(obj, Group):
-                resolution = self.resolved[slot]
-                for copy, row in zip(resolution.copies, resolution.rows[assignment[slot]]):
+                for copy, row in zip(obj.copies, self.resolved[slot].rows[assignment[slot]]):
                     found.update(zip(copy, row))
         return found
 

@@ -104,6 +104,12 @@ class GraphStructure:
             self.port_memo[None] = Ports.of(self, graph)
         return self.port_memo[None]
 
+    def names(self, graph: Graph) -> list[str]:
+        """Each node's name, in node order. Made once."""
+        if "names" not in self.port_memo:
+            self.port_memo["names"] = [n.name for n in graph.nodes]
+        return self.port_memo["names"]
+
     def refetches(self, graph: Graph) -> np.ndarray:
         """Per node: whether it is one of :attr:`refetching`. Made once."""
         if "refetching" not in self.port_memo:
