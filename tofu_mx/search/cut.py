@@ -193,7 +193,7 @@ class Cut:
         self.ops = list(self.structure.ops)
         self.variables = list(self.structure.variables)
         self._classify()
-        self.follow: dict[int, dict[int, int]] = {}
+        self.follow: dict[int, dict[int, int]] = {}   # follower -> its rule (_coarsen)
         self._copy_keys: dict[int, int] = {}
         self.groups = self._coarsen(tie)
         by_shape: dict[Shape, list[StoreLayout]] = {}    # one list per shape, shared
@@ -253,67 +253,93 @@ class Cut:
 
     # --- coarsening -------------------------------------------------------------------------
     def _coarsen(self, tie: bool) -> list[Group]:
-        copies: list[list[int]] = []
-        positions: list[list[int | None]] = []    # each copy's wiring (see _key_copies)
-        copy_of: dict[int, int] = {}     # operator -> its copy
-        at: dict[int, int] = {}          # operator -> its position in its copy
-        rules: dict[int, dict[int, int] | None] = {}     # kind -> its rule
-        view, may_follow = self.view, self.structure.may_follow
-        for i in self.ops:
-            rule = None
-            if i in may_follow:
-                kind = self._kind_of[i]
-                if kind not in rules:
-                    rules[kind] = _preserves_layout(self.strats[i], view.op_in[i][0],
-                                                    view.op_out[i][0], self.parts)
-                rule = rules[kind]
-            if rule is not None:     # it joins the copy of its first input's producer
-                self.follow[i] = rule
-                src = may_follow[i]
-                c = copy_of[i] = copy_of[src]
-                at[i] = len(copies[c])
-                copies[c].append(i)
-                positions[c].append(at[src])
-            else:
-                copy_of[i], at[i] = len(copies), 0
-                copies.append([i])
-                positions.append([None])
-        self._key_copies(copies, positions)
+        """The groups: each operator that keeps its first input's layout (under one rule
+        per kind) joins the copy of that input's producer, the others lead a copy; copies
+        are ordered by leader, members by graph order. Then the ties (:meth:`_tie`)."""
+        ops, (candidate, source) = self.structure.op_arrays()
+        view, kind_of = self.view, self._kind_of
+        # each candidate's rule, once per kind
+        kinds = np.fromiter(map(kind_of.__getitem__, candidate.tolist()), np.int64,
+                            len(candidate))
+        distinct, first, which = np.unique(kinds, return_index=True, return_inverse=True)
+        rules = [_preserves_layout(self.strats[i], view.op_in[i][0], view.op_out[i][0],
+                                   self.parts) for i in candidate[first].tolist()]
+        follows = np.array([r is not None for r in rules], dtype=bool)[which.reshape(-1)] \
+            if len(rules) else np.zeros(0, dtype=bool)
+        followers, producer = candidate[follows], source[follows]
+        self.follow = dict(zip(followers.tolist(),
+                               map(rules.__getitem__, which.reshape(-1)[follows].tolist())))
+        # each operator's leader: its producers' chain followed up (pointer jumping)
+        leader = np.arange(len(self.graph.nodes), dtype=np.int64)
+        leader[followers] = producer
+        while True:
+            up = leader[leader]
+            if np.array_equal(up, leader):
+                break
+            leader = up
+        order = np.argsort(leader[ops], kind="stable")   # by copy, then graph order
+        members = ops[order]
+        roots = leader[members]
+        start = np.flatnonzero(np.concatenate([[True], roots[1:] != roots[:-1]])) \
+            if len(members) else np.zeros(0, dtype=np.int64)
+        end = np.append(start[1:], len(members))
+        copy_of = np.zeros(len(self.graph.nodes), dtype=np.int64)     # operator -> its copy
+        copy_of[members] = np.repeat(np.arange(len(start)), end - start)
+        at = np.zeros(len(self.graph.nodes), dtype=np.int64)  # operator -> its place there
+        at[members] = np.arange(len(members)) - np.repeat(start, end - start)
+        # each member's wiring: the place in its copy of its first input's producer (-1: the
+        # leader)
+        wired = np.full(len(self.graph.nodes), -1, dtype=np.int64)
+        wired[followers] = at[producer]
+        spans = list(zip(start.tolist(), end.tolist()))
+        listed, wiring = members.tolist(), wired[members]
+        copies = [listed[a:b] for a, b in spans]
+        self._key_copies(copies, spans, members, wiring)
         if not tie or not self.structure.shared_params:
             return [Group([c]) for c in copies]     # no parameter is read twice
         ids: dict[tuple, int] = {}
-        kind_of = self._kind_of
+        listed_wiring = wiring.tolist()
 
         def signature(k: int) -> int:
             """Copy ``k``'s signature: its members' kinds and wiring."""
+            a, b = spans[k]
             return ids.setdefault(tuple(zip(map(kind_of.__getitem__, copies[k]),
-                                            positions[k])), len(ids))
+                                            listed_wiring[a:b])), len(ids))
         if not self._may_tie(copy_of, signature):
             return [Group([c]) for c in copies]
         ids.clear()     # numbered in copy order
         return self._tie(copies, [signature(k) for k in range(len(copies))])
 
-    def _may_tie(self, copy_of: dict[int, int], signature) -> bool:
+    def _may_tie(self, copy_of: np.ndarray, signature) -> bool:
         """Whether two copies of one signature (``signature(copy)``) read one parameter:
         where ties start (:func:`tofu_mx.search.ties.tie` ties nothing otherwise)."""
         for readers in self.structure.shared_params:
             seen: dict[int, int] = {}
             for m in readers:
-                k = copy_of[m]
+                k = int(copy_of[m])
                 if k not in seen.values() and seen.setdefault(signature(k), k) != k:
                     return True
         return False
 
-    def _key_copies(self, copies: list[list[int]], positions: list[list]) -> None:
+    def _key_copies(self, copies: list[list[int]], spans: list[tuple[int, int]],
+                    members: np.ndarray, wiring: np.ndarray) -> None:
         """Each copy's structure id: its members' shape ids, dtypes, gradients and wiring
-        (for each member, the position in its copy of its first input's producer; None for
-        the leader)."""
+        (``members``: the copies' members, copy after copy, ``spans`` each copy's; ``wiring``:
+        each member's, the position in its copy of its first input's producer, -1 for the
+        leader)."""
+        if not copies:
+            return
+        listed = members.tolist()
+        shape = np.fromiter(map(self._shape_id.__getitem__, listed), np.int64, len(listed))
+        outputs = np.fromiter(map(self.structure.outputs_id.__getitem__, listed), np.int64,
+                              len(listed))
+        # one integer per member for the three (each within its range)
+        code = ((shape * (int(outputs.max()) + 1) + outputs) * (int(wiring.max()) + 2) +
+                wiring + 1).tolist()
         ids: dict[tuple, int] = {}
-        outputs_id, shape_id = self.structure.outputs_id, self._shape_id
-        for copy, wiring in zip(copies, positions):
-            key = tuple(zip(map(shape_id.__getitem__, copy), map(outputs_id.__getitem__, copy),
-                            wiring))
-            self._copy_keys[copy[0]] = ids.setdefault(key, len(ids))
+        self._copy_keys = dict(zip([c[0] for c in copies],
+                                   [ids.setdefault(tuple(code[a:b]), len(ids))
+                                    for a, b in spans]))
 
     def _tie(self, copies: list[list[int]], signature: list[int]) -> list[Group]:
         """Tie the copies of an unrolled RNN step (:func:`tofu_mx.search.ties.tie`), or reuse

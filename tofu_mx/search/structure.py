@@ -104,6 +104,16 @@ class GraphStructure:
             self.port_memo[None] = Ports.of(self, graph)
         return self.port_memo[None]
 
+    def op_arrays(self) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """:attr:`ops`, and :attr:`may_follow` as arrays ``(operators, producers)``, in
+        operator order. Made once."""
+        if "ops" not in self.port_memo:
+            self.port_memo["ops"] = (
+                np.array(self.ops, dtype=np.int64),
+                (np.fromiter(self.may_follow.keys(), np.int64, len(self.may_follow)),
+                 np.fromiter(self.may_follow.values(), np.int64, len(self.may_follow))))
+        return self.port_memo["ops"]
+
     def names(self, graph: Graph) -> list[str]:
         """Each node's name, in node order. Made once."""
         if "names" not in self.port_memo:
