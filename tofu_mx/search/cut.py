@@ -196,18 +196,6 @@ class Cut:
         self.follow: dict[int, dict[int, int]] = {}   # follower -> its rule (_coarsen)
         self._copy_keys: dict[int, int] = {}
         self.groups = self._coarsen(tie)
-        by_shape: dict[Shape, list[StoreLayout]] = {}    # one list per shape, shared
-        by_id: dict[int, list[StoreLayout]] = {}     # the same by the shape's id (views share
-        self.var_layouts = {}                        # shape tuples; all alive in the view)
-        var = view.var
-        for v in self.variables:
-            found = by_id.get(id(var[v]))
-            if found is None:
-                shape = var[v]
-                if shape not in by_shape:
-                    by_shape[shape] = store_layouts(shape, parts)
-                found = by_id[id(shape)] = by_shape[shape]
-            self.var_layouts[v] = found
         self._rows: dict[tuple, tuple] = {}
         self._bytes: dict[tuple, int] = {}
         self._excess: dict[tuple, float] = {}   # with a memory weight: bytes stored above 1/p
@@ -224,32 +212,40 @@ class Cut:
 
     def _classify(self) -> None:
         """Each operator's kind (one analysis per operator, attributes and work view) and
-        shape id (its kind and the stored shards of its outputs)."""
+        shape id (its kind and the stored shards of its outputs), computed once per class
+        of the view where it has them."""
         nodes, view = self.graph.nodes, self.view
         kinds: dict[tuple, int] = {}
         shapes: dict[tuple, int] = {}
         strategies: list[list[Strategy]] = []
-        self._kind_of, self._shape_id, self.strats = kind_of, shape_id, strats = {}, {}, {}
         op_in, op_out, shard, short = view.op_in, view.op_out, view.shard, view.short
-        classes = view.classes
-        of_class: dict[int, tuple[int, int]] = {}   # class -> (kind, shape id)
-        for i in self.ops:
-            if classes is not None:
-                found = of_class.get(classes[i])
-                if found is not None:
-                    kind_of[i], shape_id[i] = found
-                    strats[i] = strategies[found[0]]
-                    continue
+        ops = self.ops
+        if view.classes is not None and ops:    # the first operator of each class, in order
+            classes = np.fromiter(map(view.classes.__getitem__, ops), np.int64, len(ops))
+            _, first, which = np.unique(classes, return_index=True, return_inverse=True)
+            rank = np.argsort(first)
+            place = np.empty(len(first), dtype=np.int64)
+            place[rank] = np.arange(len(first))
+            which = place[which.reshape(-1)]
+            picked = [ops[k] for k in first[rank].tolist()]
+        else:
+            picked, which = ops, None
+        found_kind, found_shape = [], []
+        for i in picked:
             node = nodes[i]
             kind = kinds.setdefault((node.op, node.attrs, op_in[i], op_out[i],
                                      short.get(i) if short else None), len(kinds))
             if kind == len(strategies):
                 strategies.append(op_strategies(self.graph, i, view, self.parts))
-            kind_of[i] = kind
-            shape_id[i] = shapes.setdefault((kind, shard[i]), len(shapes))
-            strats[i] = strategies[kind]
-            if classes is not None:
-                of_class[classes[i]] = (kind, shape_id[i])
+            found_kind.append(kind)
+            found_shape.append(shapes.setdefault((kind, shard[i]), len(shapes)))
+        if which is not None:
+            at = which.tolist()
+            found_kind = list(map(found_kind.__getitem__, at))
+            found_shape = list(map(found_shape.__getitem__, at))
+        self._kind_of = dict(zip(ops, found_kind))
+        self._shape_id = dict(zip(ops, found_shape))
+        self.strats = dict(zip(ops, map(strategies.__getitem__, found_kind)))
 
     # --- coarsening -------------------------------------------------------------------------
     def _coarsen(self, tie: bool) -> list[Group]:
@@ -567,7 +563,7 @@ class Cut:
             v = variables[k]
             key = (var_shape[v], *facts[k])
             if key not in rows:
-                layouts = self.var_layouts[v]
+                layouts = _store_layouts(key[0], self.parts)
                 rows[key] = len(found)
                 found.append((
                     tuple(layouts), np.zeros(len(layouts)), self.memory_weight * key[2] *
