@@ -152,18 +152,20 @@ def _preserves_layout(strats: list[Strategy], in_shape: Shape, out_shape: Shape,
     """axis -> index of the strategy reading input 0 and writing output 0 split on it."""
     if in_shape != out_shape:
         return None
+    first: dict[int, int] = {}      # axis -> the first such strategy
+    for k, s in enumerate(strats):
+        if s.kind == "output" and len(s.output_layouts) == 1:
+            read = s.input_layouts[0]
+            if read.kind == "split" and read == Layout("split", read.axis) and \
+                    s.output_layouts[0] == read and read.axis not in first:
+                first[read.axis] = k
     found = {}
     for a, n in enumerate(in_shape):
         if n < parts:
             continue
-        for k, s in enumerate(strats):
-            if s.kind == "output" and len(s.output_layouts) == 1 and \
-                    s.input_layouts[0] == Layout("split", a) and \
-                    s.output_layouts[0] == Layout("split", a):
-                found[a] = k
-                break
-        else:
+        if a not in first:
             return None
+        found[a] = first[a]
     return found
 
 
@@ -195,11 +197,11 @@ class Cut:
         self._classify()
         self.follow: dict[int, dict[int, int]] = {}   # follower -> its rule (_coarsen)
         self._copy_keys: dict[int, int] = {}
+        self._choice_sets: dict[int, tuple] = {}
         self.groups = self._coarsen(tie)
         self._rows: dict[tuple, tuple] = {}
         self._bytes: dict[tuple, int] = {}
         self._excess: dict[tuple, float] = {}   # with a memory weight: bytes stored above 1/p
-        self._choice_sets: dict[int, tuple] = {}
         self._resolutions: dict[tuple, tuple] = {}
         self._interned: list[tuple] = []
         self._intern_ids: dict[tuple, int] = {}
@@ -207,8 +209,6 @@ class Cut:
         self._matrices: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._kept: dict[tuple, tuple[int, bool]] = {}
         self._fetched: dict[tuple, int] = {}
-        for g in self.groups:
-            self._enumerate_choices(g)
 
     def _classify(self) -> None:
         """Each operator's kind (one analysis per operator, attributes and work view) and
@@ -292,7 +292,7 @@ class Cut:
         copies = [listed[a:b] for a, b in spans]
         self._key_copies(copies, spans, members, wiring)
         if not tie or not self.structure.shared_params:
-            return [Group([c]) for c in copies]     # no parameter is read twice
+            return self._groups([[c] for c in copies])     # no parameter is read twice
         ids: dict[tuple, int] = {}
         listed_wiring = wiring.tolist()
 
@@ -302,7 +302,7 @@ class Cut:
             return ids.setdefault(tuple(zip(map(kind_of.__getitem__, copies[k]),
                                             listed_wiring[a:b])), len(ids))
         if not self._may_tie(copy_of, signature):
-            return [Group([c]) for c in copies]
+            return self._groups([[c] for c in copies])
         ids.clear()     # numbered in copy order
         return self._tie(copies, [signature(k) for k in range(len(copies))])
 
@@ -346,7 +346,7 @@ class Cut:
             params, producers = self._inputs_by_copy(copies)
             families = ties.tie(signature, ties.readers(params), producers)
             self.structure.remember_ties(key, families)
-        return [Group([copies[k] for k in family]) for family in families]
+        return self._groups([[copies[k] for k in family] for family in families])
 
     def _inputs_by_copy(self, copies: list[list[int]]) -> tuple[list[list[int]],
                                                                 list[list[int]]]:
@@ -382,9 +382,20 @@ class Cut:
             return layout
         return None
 
-    def _enumerate_choices(self, group: Group) -> None:
-        """The group's choices, from its leader (computed once per leader shape id)."""
-        leader = group.copies[0][0]
+    def _groups(self, copies: list[list[list[int]]]) -> list[Group]:
+        """A group of each list of copies, with its choices (:meth:`_choice_set`)."""
+        shape_id, sets = self._shape_id, self._choice_sets
+        groups = []
+        for c in copies:
+            found = sets.get(shape_id[c[0][0]])
+            if found is None:
+                found = self._choice_set(c[0][0])
+            groups.append(Group(c, *found))
+        return groups
+
+    def _choice_set(self, leader: int) -> tuple[tuple, tuple[str, ...]]:
+        """The choices of a group led by ``leader``, and their labels (computed once per
+        leader shape id; shared, immutable)."""
         shape_id = self._shape_id[leader]
         if shape_id not in self._choice_sets:
             choices, labels = [], []
@@ -397,7 +408,7 @@ class Cut:
                     choices.append((k, layout))
                     labels.append(f"{s.name} -> {layout_name(layout)}")
             self._choice_sets[shape_id] = (tuple(choices), tuple(labels))
-        group.choices, group.labels = self._choice_sets[shape_id]   # shared, immutable
+        return self._choice_sets[shape_id]
 
     # --- resolving a choice -----------------------------------------------------------------
     def resolve(self, group: Group, choice: int) -> dict[int, tuple[Strategy, tuple]]:
