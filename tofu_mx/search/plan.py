@@ -21,6 +21,8 @@ import dataclasses
 import functools
 import gc
 from dataclasses import asdict, dataclass, field
+from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -33,6 +35,7 @@ from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.cut import Cut, CutProblem, View, next_view
 from tofu_mx.search.dp import Solution, prime_factors, solve_dp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
+from tofu_mx.search.problem import distinct_rows
 from tofu_mx.search.structure import GraphStructure, itemsize_of
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph, registry_entry
@@ -533,47 +536,81 @@ def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
     return results
 
 
-def _tensor_and_op_plans(graph: Graph, results: list[_LevelResult]
+def _tensor_and_op_plans(graph: Graph, results: list[_LevelResult], structure: GraphStructure
                          ) -> tuple[tuple[TensorPlan, ...], tuple[OpPlan, ...]]:
     """The plan's tensors (a variable's, or an operator's outputs, in node order) and its
-    operators, in one pass over the nodes."""
+    operators. What each level chose is shared by the nodes that chose alike (all alive in
+    ``results``): numbered by its identity, each distinct choice across the levels is typed
+    once."""
+    nodes, ops, variables = graph.nodes, list(structure.ops), list(structure.variables)
     parts = [r.cut.parts for r in results]
-    members = [r.members for r in results]
-    var_layouts = [r.var_layout for r in results]
-    # the ids of what each level chose (all alive in results), the output and the id of its
-    # TensorInfo (alive in the graph) -> the plan's layouts and the largest shard
-    typed: dict[tuple, tuple[tuple[StoredLayout, ...], tuple[int, ...]]] = {}
-    # the ids of the (strategy, stored layouts) each level chose -> the strategies' types; a
-    # search Strategy's type by its id (hashing one is slow)
-    op_typed: dict[tuple, tuple[OpStrategy, ...]] = {}
+    ports = structure.ports(graph)
+    n_tensors = int(ports.tensor_start[-1])
+    # per node, which of the distinct choices across the levels it made (operators and
+    # variables numbered apart)
+    op_rows = [list(map(r.members.__getitem__, ops)) for r in results]
+    var_found = [list(map(r.var_layout.__getitem__, variables)) for r in results]
+    op_choice, op_first = _distinct_by_identity(op_rows, len(ops))
+    var_choice, var_first = _distinct_by_identity(var_found, len(variables))
+    choice = np.zeros(len(nodes), dtype=np.int64)
+    choice[ops] = op_choice
+    choice[variables] = var_choice + len(op_first)
+    # per tensor: its node's choice, its output, its TensorInfo (numbered by identity)
+    node_of = np.repeat(np.arange(len(nodes), dtype=np.int64), np.diff(ports.tensor_start))
+    output = np.arange(n_tensors, dtype=np.int64) - ports.tensor_start[node_of]
+    infos = list(chain.from_iterable(n.outputs for n in nodes))
+    _, info_first, info_of = np.unique(np.fromiter(map(id, infos), np.int64, n_tensors),
+                                       return_index=True, return_inverse=True)
+    keys = np.stack([choice[node_of], output, info_of.reshape(-1)], axis=1)
+    distinct, which = distinct_rows(keys)
+    typed = []
+    for c, k, info in distinct.tolist():
+        shape = infos[int(info_first[info])].shape
+        if c < len(op_first):
+            at = op_first[c]
+            typed.append(_typed_layouts(shape, [rows[at][1][k] for rows in op_rows], parts))
+        else:
+            typed.append(_typed_layouts(shape, [found[var_first[c - len(op_first)]]
+                                                for found in var_found], parts))
+    picked = list(map(typed.__getitem__, which.tolist()))
+    names = structure.names(graph)
+    is_var = np.zeros(len(nodes), dtype=bool)
+    is_var[variables] = True
+    tensor_names = [names[i] if v else f"{names[i]}:{k}" for i, k, v in
+                    zip(node_of.tolist(), output.tolist(), is_var[node_of].tolist())]
+    kinds = [nodes[i].kind if v else "activation" for i, v in
+             zip(node_of.tolist(), is_var[node_of].tolist())]
+    tensors = tuple(map(TensorPlan, tensor_names, kinds, map(attrgetter("shape"), infos),
+                        map(attrgetter("dtype"), infos), map(itemgetter(0), picked),
+                        map(itemgetter(1), picked)))
+    # a search Strategy's type by its id (hashing one is slow)
     strategy_types: dict[int, OpStrategy] = {}
-    plans, ops = [], []
-    append = plans.append
-    for i, node in enumerate(graph.nodes):
-        if node.is_variable:
-            found = [layouts[i] for layouts in var_layouts]
-            info = node.outputs[0]
-            key = (id(info), *map(id, found))
-            if key not in typed:
-                typed[key] = _typed_layouts(info.shape, found, parts)
-            append(TensorPlan(node.name, node.kind, info.shape, info.dtype, *typed[key]))
-            continue
-        rows = [chosen[i] for chosen in members]       # (strategy, stored layouts) per level
-        ids = tuple(map(id, rows))
-        name = node.name
-        for k, info in enumerate(node.outputs):
-            key = (ids, k, id(info))
-            if key not in typed:
-                typed[key] = _typed_layouts(info.shape, [row[1][k] for row in rows], parts)
-            append(TensorPlan(f"{name}:{k}", "activation", info.shape, info.dtype, *typed[key]))
-        strategies = op_typed.get(ids)
-        if strategies is None:
-            for s, _ in rows:
-                if id(s) not in strategy_types:
-                    strategy_types[id(s)] = OpStrategy.of(s)
-            strategies = op_typed[ids] = tuple(strategy_types[id(s)] for s, _ in rows)
-        ops.append(OpPlan(name, node.op, strategies))
-    return tuple(plans), tuple(ops)
+    by_choice = []
+    for at in op_first:
+        for s, _ in (rows[at] for rows in op_rows):
+            if id(s) not in strategy_types:
+                strategy_types[id(s)] = OpStrategy.of(s)
+        by_choice.append(tuple(strategy_types[id(rows[at][0])] for rows in op_rows))
+    op_plans = tuple(map(OpPlan, map(names.__getitem__, ops),
+                         map(attrgetter("op"), map(nodes.__getitem__, ops)),
+                         map(by_choice.__getitem__, op_choice.tolist())))
+    return tensors, op_plans
+
+
+def _distinct_by_identity(columns: list[list], n: int) -> tuple[np.ndarray, list[int]]:
+    """Which distinct row each of ``n`` rows is (``columns``: one list per column, of
+    objects alive meanwhile, compared by identity), numbered in order of first appearance,
+    and each distinct row's first."""
+    if not columns or not n:
+        return np.zeros(n, dtype=np.int64), [0] if n else []
+    ids = [np.unique(np.fromiter(map(id, column), np.int64, n), return_inverse=True)[1]
+           .reshape(-1) for column in columns]
+    distinct, which = distinct_rows(np.stack(ids, axis=1))
+    _, first = np.unique(which, return_index=True)
+    order = np.argsort(first)               # by first appearance
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank[which], first[order].tolist()
 
 
 def _typed_layouts(shape: tuple[int, ...], found: list, parts: list[int]
@@ -861,7 +898,7 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
               weights: frozenset = frozenset(), used: float = 0.0) -> Plan:
     """The plan of ``results``; ``weights``: the parameters kept before the search
     (:func:`_small_weights`), holding at most ``used`` bytes of the keep budget."""
-    tensors, op_plans = _tensor_and_op_plans(graph, results)
+    tensors, op_plans = _tensor_and_op_plans(graph, results, shared.structure)
     levels = tuple(Level(p, math.prod(order[:k]), _bytes_moved(r), len(r.problem.slots),
                          r.solution.max_frontier, r.solution.max_states)
                    for k, (p, r) in enumerate(zip(order, results)))
