@@ -41,6 +41,23 @@ class FrozenDict(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._items)
 
+    # the dict's own (Mapping's mixins go through __getitem__, and get() through a KeyError
+    # for each absent key: slow where every node's attributes are asked)
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._items.get(key, default)
+
+    def keys(self):
+        return self._items.keys()
+
+    def items(self):
+        return self._items.items()
+
+    def values(self):
+        return self._items.values()
+
     def __hash__(self) -> int:
         if self._hash is None:
             self._hash = hash(tuple(self._items.items()))
