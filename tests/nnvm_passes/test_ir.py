@@ -37,6 +37,21 @@ def test_frozendict_is_hashable_and_updated_returns_self_when_unchanged():
         d["a"] = "x"  # read-only
 
 
+def test_frozendict_reads_as_a_read_only_mapping():
+    """get, in, keys, items and values come from the dict itself (fast), as Mapping's."""
+    d = FrozenDict({"a": "1", "b": "2"})
+    assert d.get("a") == "1" and d.get("z") is None and d.get("z", "0") == "0"
+    assert "a" in d and "z" not in d and 1 not in d
+    assert list(d.keys()) == ["a", "b"] and list(d.values()) == ["1", "2"]
+    assert list(d.items()) == [("a", "1"), ("b", "2")] and dict(d.items()) == {"a": "1", "b": "2"}
+    assert d.items() == {("a", "1"), ("b", "2")} and d.keys() == {"a", "b"}
+    for view in (d.keys(), d.items(), d.values()):      # no view writes through
+        if hasattr(view, "mapping"):
+            with pytest.raises(TypeError):
+                view.mapping["a"] = "x"
+    assert d == {"a": "1", "b": "2"}
+
+
 def test_node_replace_returns_self_when_nothing_changes():
     node = Node("fc", "FullyConnected", FrozenDict({"num_hidden": "4", "__ctx_group__": "dev1"}),
                 (Entry(0),), (TensorInfo((2, 4), "float32"),))

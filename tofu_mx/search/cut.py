@@ -80,23 +80,25 @@ class View:
 
     @staticmethod
     def of(graph: Graph) -> "View":
+        """The graph's own shapes (what is computed is stored), with classes: operators of
+        one operator, attribute object and input and output TensorInfo objects (shared, alive
+        in the graph), whose work views are one tuple."""
         nodes = graph.nodes
-        op_in, op_out, var = {}, {}, {}
-        single: dict[int, tuple[Shape]] = {}    # id of a TensorInfo (alive) -> (its shape,)
+        op_in, op_out, var, classes = {}, {}, {}, {}
+        found: dict[tuple, tuple] = {}     # class key -> (class, work-view ins, outs)
         for i, n in enumerate(nodes):
             outputs = n.outputs
             if n.is_variable:
                 var[i] = outputs[0].shape
                 continue
-            if len(outputs) == 1:
-                found = single.get(id(outputs[0]))
-                if found is None:
-                    found = single[id(outputs[0])] = (outputs[0].shape,)
-                op_out[i] = found
-            else:
-                op_out[i] = tuple([t.shape for t in outputs])
-            op_in[i] = tuple([nodes[e.node].outputs[e.index].shape for e in n.inputs])
-        return View(op_in, op_out, var, op_out)  # at the graph's own shapes, computed is stored
+            ins = [nodes[e.node].outputs[e.index] for e in n.inputs]
+            key = (n.op, id(n.attrs), *map(id, outputs), None, *map(id, ins))
+            known = found.get(key)
+            if known is None:
+                known = found[key] = (len(found), tuple([t.shape for t in ins]),
+                                      tuple([t.shape for t in outputs]), n.attrs, outputs, ins)
+            classes[i], op_in[i], op_out[i] = known[:3]
+        return View(op_in, op_out, var, op_out, classes=classes)
 
 
 def op_strategies(graph: Graph, index: int, view: View, parts: int) -> list[Strategy]:
