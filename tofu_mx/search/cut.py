@@ -42,6 +42,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import itemgetter
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -966,23 +967,37 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
     """The work view of one part after this cut: what each operator reads and computes.
     Operators of one shape id resolved alike get one computation (keyed by the strategy's
     identity, as hashing a Strategy is slow: they are all alive in ``resolved_by_member``)."""
-    op_in, op_out, var, shard, short = {}, {}, {}, {}, dict(cut.view.short)
-    # keyed by the identity of the (strategy, stored layouts) chosen (shared by the members
-    # resolved alike, all alive in ``resolved_by_member``), of a shape and of a layout. An
-    # operator's shape id and choice determine its next view, and its short variables (the
-    # shape id's, and the choice's): the key's position is the operator's class
-    found: dict[tuple, tuple] = {}
-    classes: dict[int, int] = {}
-    for i in cut.ops:
-        chosen = resolved_by_member[i]
-        key = (cut._shape_id[i], id(chosen))
-        shapes = found.get(key)
-        if shapes is None:
-            shapes = found[key] = (*_next_shapes(cut, i, *chosen), len(found))
-        shard[i], op_in[i], op_out[i], classes[i] = shapes
-        if chosen[0].uneven:
-            short[i] = short.get(i, frozenset()) | {chosen[0].var}
+    short = dict(cut.view.short)
+    ops = cut.ops
+    # by the identity of the (strategy, stored layouts) chosen (shared by the members
+    # resolved alike, all alive in ``resolved_by_member``) and the shape id. An operator's
+    # shape id and choice determine its next view, and its short variables (the shape
+    # id's, and the choice's): the key's number is the operator's class
+    chosen = list(map(resolved_by_member.__getitem__, ops))
+    if ops:
+        ids = np.unique(np.fromiter(map(id, chosen), np.int64, len(ops)),
+                        return_inverse=True)[1].reshape(-1)
+        shape_ids = np.fromiter(map(cut._shape_id.__getitem__, ops), np.int64, len(ops))
+        distinct, which = distinct_rows(np.stack([shape_ids, ids], axis=1))
+        _, first = np.unique(which, return_index=True)
+        order = np.argsort(first)                 # numbered by first appearance
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        which, first = rank[which].tolist(), first[order].tolist()
+    else:
+        which, first = [], []
+    found = [_next_shapes(cut, ops[k], *chosen[k]) for k in first]
+    shard = dict(zip(ops, map(itemgetter(0), map(found.__getitem__, which))))
+    op_in = dict(zip(ops, map(itemgetter(1), map(found.__getitem__, which))))
+    op_out = dict(zip(ops, map(itemgetter(2), map(found.__getitem__, which))))
+    uneven = [k for k, c in enumerate(first) if chosen[c][0].uneven]
+    if uneven:
+        spread = np.isin(np.array(which, dtype=np.int64), uneven)
+        for k in np.flatnonzero(spread).tolist():
+            i = ops[k]
+            short[i] = short.get(i, frozenset()) | {chosen[k][0].var}
     shapes: dict[tuple[int, int], tuple] = {}
+    var = {}
     for v in cut.variables:
         before, layout = cut.view.var[v], var_layout[v]
         key = (id(before), id(layout))
@@ -992,7 +1007,7 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
                 shape[layout[1]] //= cut.parts
             shapes[key] = (tuple(shape), before, layout)    # (the shape, kept alive)
         var[v] = shapes[key][0]
-    return View(op_in, op_out, var, shard, short, classes)
+    return View(op_in, op_out, var, shard, short, dict(zip(ops, which)))
 
 
 def _next_shapes(cut: Cut, i: int, s: Strategy, stored: tuple) -> tuple:
