@@ -163,3 +163,17 @@ def test_a_node_without_a_fitting_unary_cost_is_refused():
         make_problem(["a", "b"], [("x", "y"), ("x", "y", "z")], [np.zeros(2)] * 2, [])
     with pytest.raises(ValueError, match="2 nodes' choices, 1 unary costs"):
         make_problem(["a", "b"], [("x", "y")] * 2, [np.zeros(2)], [])
+
+
+@pytest.mark.parametrize("shape", [(3,), (4, 4), (2, 3, 4, 5), (4, 4, 8, 8, 4), (2048, 2),
+                                   (4, 2048), (7, 1, 5, 3)])
+def test_the_dps_minimum_over_an_axis_is_numpys(shape):
+    """_min_at gathers a large table's minima from its argmin: the same entries as
+    ``table.min(axis)``, ties and infinities too, over every axis."""
+    from tofu_mx.search.dp import _min_at
+    rng = np.random.default_rng(len(shape))
+    table = rng.integers(0, 3, shape).astype(float)       # many ties
+    table[tuple(rng.integers(0, n) for n in shape)] = np.inf
+    for axis in range(len(shape)):
+        found = _min_at(table, axis, table.argmin(axis))
+        assert found.shape == table.min(axis).shape and np.array_equal(found, table.min(axis))
