@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import difflib
+import functools
 import json
 import math
 from array import array
@@ -164,13 +165,156 @@ def every_entry_symbol(symbol: mx.sym.Symbol, js: dict,
     loading the copy took a third of importing 100,000 operators.) ``internals``:
     :func:`internals_of` ``symbol``, if known."""
     internals, names = internals_of(symbol) if internals is None else internals
-    row_ptr = js["node_row_ptr"]
-    if len(names) == row_ptr[-1] and all(
-            names[row_ptr[i]] == node["name"] if node["op"] == "null" else
-            names[row_ptr[i]].startswith(node["name"] + "_")
-            for i, node in enumerate(js["nodes"])):
+    if _lists_every_entry(js, names):
         return internals
     return all_entries_symbol(js)
+
+
+def _lists_every_entry(js: dict, names: list[str]) -> bool:
+    """Whether ``names`` (``get_internals().list_outputs()``) are every entry of ``js``."""
+    row_ptr = js["node_row_ptr"]
+    return len(names) == row_ptr[-1] and all(
+        names[row_ptr[i]] == node["name"] if node["op"] == "null" else
+        names[row_ptr[i]].startswith(node["name"] + "_")
+        for i, node in enumerate(js["nodes"]))
+
+
+def _entries_symbol(symbol: mx.sym.Symbol, js: dict,
+                    internals: tuple[mx.sym.Symbol, list[str]]
+                    ) -> tuple[mx.sym.Symbol, "_Hidden | None"]:
+    """The symbol to infer every entry of ``js`` through: :func:`every_entry_symbol`, or
+    ``get_internals()`` with the hidden outputs to add (:class:`_Hidden`) where it lists
+    the others."""
+    everything, names = internals
+    if _lists_every_entry(js, names):
+        return everything, None
+    hidden = _Hidden.of(js, names) if len(names) < js["node_row_ptr"][-1] else None
+    return (everything, hidden) if hidden is not None else (all_entries_symbol(js), None)
+
+
+@dataclass(frozen=True)
+class _Hidden:
+    """Where ``get_internals()`` leaves out hidden outputs (BatchNorm's saved statistics, a
+    pooling workspace, Dropout's mask): the entry row each output it lists has (in the JSON's
+    ``node_row_ptr`` numbering), and the nodes with hidden outputs, whose outputs are then
+    inferred alone, once per operator, attributes and inputs (:func:`_node_outputs`).
+    Inferring the listed entries and these spares saving and loading a copy of the JSON
+    with every entry a head."""
+
+    rows: np.ndarray              # listed output -> its entry row
+    visible: np.ndarray           # node -> outputs listed
+    nodes: tuple[int, ...]        # the nodes with hidden outputs
+
+    @staticmethod
+    def of(js: dict, names: list[str]) -> "_Hidden | None":
+        """The listing of ``names`` (``get_internals().list_outputs()``) in ``js``; None
+        where it cannot be told apart (then the copy is used)."""
+        row_ptr, nodes = js["node_row_ptr"], js["nodes"]
+        visible, at = [], 0
+        for i, node in enumerate(nodes):
+            total = row_ptr[i + 1] - row_ptr[i]
+            count = total if total == 1 or node["op"] == "null" else \
+                _visible_outputs(node["op"], tuple(node.get("attrs", {}).items()),
+                                 len(node["inputs"]))
+            if count is None or not 0 < count <= total or at + count > len(names) or (
+                    names[at] != node["name"] if node["op"] == "null" else
+                    not names[at].startswith(node["name"] + "_")):
+                return None
+            visible.append(count)
+            at += count
+        shown = np.array(visible, dtype=np.int64)
+        if at != len(names) or any(e[1] >= visible[e[0]] for node in nodes
+                                   for e in node["inputs"]):
+            return None         # a listing out of step, or a hidden output read
+        first = np.asarray(row_ptr[:-1], dtype=np.int64)
+        starts = np.cumsum(shown) - shown
+        rows = np.repeat(first, shown) + np.arange(at) - np.repeat(starts, shown)
+        return _Hidden(rows, shown, tuple(np.flatnonzero(
+            shown < np.diff(np.asarray(row_ptr, dtype=np.int64))).tolist()))
+
+    def spliced(self, js: dict, shapes: "_Shapes", codes: np.ndarray
+                ) -> "tuple[_Shapes, np.ndarray] | None":
+        """Every entry's shape and dtype code: the listed ones' (``shapes``, ``codes``), and
+        the hidden ones' inferred alone; None where that fails."""
+        row_ptr, nodes = js["node_row_ptr"], js["nodes"]
+        n = row_ptr[-1]
+        listed = np.full(n, -1, dtype=np.int64)       # entry row -> its listed output
+        listed[self.rows] = np.arange(len(self.rows))
+        hidden: dict[int, tuple] = {}       # entry row -> (shape, dtype code)
+        for i in self.nodes:
+            node = nodes[i]
+            ins = []
+            for src, index, _ in node["inputs"]:
+                e = int(listed[row_ptr[src] + index])
+                ins.append((tuple(shapes.dims[shapes.start[e]:shapes.start[e + 1]].tolist()),
+                            int(codes[e])))
+            found = _node_outputs(node["op"], tuple(node.get("attrs", {}).items()),
+                                  tuple(ins), row_ptr[i + 1] - row_ptr[i])
+            if found is None:
+                return None
+            for k in range(int(self.visible[i]), len(found)):
+                hidden[row_ptr[i] + k] = found[k]
+        ndim = np.zeros(n, dtype=np.int64)
+        ndim[self.rows] = shapes.ndim
+        all_codes = np.zeros(n, dtype=np.int64)
+        all_codes[self.rows] = codes
+        for row, (shape, code) in hidden.items():
+            ndim[row], all_codes[row] = len(shape), code
+        full = _Shapes.of(ndim, np.zeros(0, dtype=np.int64))
+        dims = np.zeros(int(full.start[-1]), dtype=np.int64)
+        lengths = np.diff(shapes.start)
+        entry = np.repeat(np.arange(len(self.rows)), lengths)
+        dims[full.start[self.rows][entry] + np.arange(len(shapes.dims)) -
+             shapes.start[entry]] = shapes.dims
+        for row, (shape, _) in hidden.items():
+            dims[full.start[row]:full.start[row + 1]] = shape
+        return _Shapes(ndim, dims, full.start), all_codes
+
+
+#: MXNet's version as its JSON states it (1.9.1 -> 10901)
+_VERSION = sum(int(part) * 100 ** (2 - k)
+               for k, part in enumerate(mx.__version__.split(".")[:3]))
+
+
+def _one_node_symbol(op: str, attrs: tuple, n_inputs: int, heads: list) -> mx.sym.Symbol:
+    """A graph of ``op`` (``attrs``: its JSON attributes) reading variables ``in0`` ...,
+    with ``heads`` (output indices of the node) its outputs."""
+    nodes = [{"op": "null", "name": f"in{k}", "inputs": []} for k in range(n_inputs)]
+    nodes.append({"op": op, "name": "node", "attrs": dict(attrs),
+                  "inputs": [[k, 0, 0] for k in range(n_inputs)]})
+    return mx.sym.load_json(json.dumps({
+        "nodes": nodes, "arg_nodes": list(range(n_inputs)),
+        "heads": [[n_inputs, k, 0] for k in heads],
+        "attrs": {"mxnet_version": ["int", _VERSION]}}))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _visible_outputs(op: str, attrs: tuple, n_inputs: int) -> int | None:
+    """How many outputs of ``op`` with ``attrs`` MXNet lists (None: it cannot say)."""
+    try:
+        return len(_one_node_symbol(op, attrs, n_inputs, [0]).get_internals()
+                   .list_outputs()) - n_inputs
+    except mx.base.MXNetError:
+        return None
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _node_outputs(op: str, attrs: tuple, inputs: tuple, n_outputs: int
+                  ) -> tuple[tuple[tuple[int, ...], int], ...] | None:
+    """Each output's shape and dtype code, as MXNet infers them for ``op`` with ``attrs``
+    reading ``inputs`` (shape, dtype code); None where it cannot (or leaves one unknown)."""
+    try:
+        symbol = _one_node_symbol(op, attrs, len(inputs), list(range(n_outputs)))
+        names = [f"in{k}" for k in range(len(inputs))]
+        _, shapes, _ = symbol.infer_shape_partial(**dict(zip(names, (s for s, _ in inputs))))
+        _, types, _ = symbol.infer_type_partial(
+            **{name: _DTYPE_MX_TO_NP[c] for name, (_, c) in zip(names, inputs) if c >= 0})
+    except (mx.base.MXNetError, KeyError):
+        return None
+    if any(s is None or _unknown(s) for s in shapes) or any(t is None for t in types):
+        return None
+    return tuple((tuple(int(d) for d in s), int(_DTYPE_NP_TO_MX[np.dtype(t).type]))
+                 for s, t in zip(shapes, types))
 
 
 def internals_of(symbol: mx.sym.Symbol) -> tuple[mx.sym.Symbol, list[str]]:
@@ -478,12 +622,20 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
         type_dict = {k: "float32" for k in shapes}
         type_dict.update(dtypes)
 
-        everything = every_entry_symbol(symbol, js, internals)
+        everything, hidden = _entries_symbol(symbol, js, internals)
         types = pool.submit(_infer_dtypes, everything, type_dict)
         roles = pool.submit(_roles, symbol, js, shapes, arg_names, aux_names, data_names,
                             label_inputs, known)
         out_shapes = _infer_shapes(everything, shapes, arg_names, aux_names)
         out_types = types.result()
+        if hidden is not None:
+            spliced = hidden.spliced(js, out_shapes, out_types)
+            if spliced is None:     # a hidden output MXNet cannot infer alone: the copy
+                everything = all_entries_symbol(js)
+                types = pool.submit(_infer_dtypes, everything, type_dict)
+                out_shapes = _infer_shapes(everything, shapes, arg_names, aux_names)
+                spliced = out_shapes, types.result()
+            out_shapes, out_types = spliced
         labels, data_names = roles.result()
     kinds = _classify(js, set(aux_names), set(data_names), labels)
     infos, info_at = _tensor_infos(out_shapes, out_types)

@@ -32,7 +32,7 @@ import mxnet as mx
 import numpy as np
 
 from nnvm_passes.exporter import graph_to_json
-from nnvm_passes.importer import all_entries_symbol, import_symbol
+from nnvm_passes.importer import _VERSION, all_entries_symbol, import_symbol
 from nnvm_passes.ir import Entry, FrozenDict, Graph, Node, TensorInfo, format_attr_value, \
     is_hidden_attr
 from tofu_mx.errors import TofuError
@@ -316,11 +316,6 @@ def _record(hook: Hook, node: Node, shapes: tuple, n_inputs: int) -> _Template |
     except Exception as e:  # noqa: BLE001  (re-raised with the node named)
         raise TofuError(f"lowering {node.name!r} ({node.op}) failed: "
                         f"{type(e).__name__}: {e}") from e
-
-
-#: MXNet's version as its JSON states it (1.9.1 -> 10901)
-_VERSION = sum(int(part) * 100 ** (2 - k)
-               for k, part in enumerate(mx.__version__.split(".")[:3]))
 
 
 @functools.lru_cache(maxsize=256)

@@ -48,6 +48,40 @@ def test_every_entry_symbol_is_mxnets_internals_only_where_they_list_every_entry
     assert entries.infer_type_partial(data="float64") == copy.infer_type_partial(data="float64")
 
 
+def hidden_nets():
+    """Graphs whose get_internals() leaves outputs out: BatchNorm's saved statistics (also
+    shown, with output_mean_var), Dropout's mask, in float16 too; a node named like another's
+    output."""
+    x = mx.sym.Convolution(mx.sym.var("data"), num_filter=4, kernel=(3, 3), name="c")
+    bn = mx.sym.BatchNorm(x, output_mean_var=True, fix_gamma=False, name="c_output")
+    y = mx.sym.Dropout(mx.sym.BatchNorm(bn[0], name="bn2"), p=0.3, name="drop")
+    shown = mx.sym.Group([mx.sym.SoftmaxOutput(mx.sym.FullyConnected(y, num_hidden=3,
+                                                                     name="fc"), name="sm"),
+                          bn[1], bn[2]])
+    return [(small_net(), {"data": (2, 3, 5, 5)}, None),
+            (shown, {"data": (2, 3, 6, 6)}, None),
+            (shown, {"data": (2, 3, 6, 6)}, {"data": "float16"})]
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_hidden_outputs_inferred_alone_are_the_copys(monkeypatch, case):
+    """Where get_internals() leaves out hidden outputs, the listed entries are inferred and
+    each hidden one alone (per operator, attributes and inputs): every node as the import
+    through the JSON copy with every entry a head gives it; the same where inferring one
+    alone fails (the copy then)."""
+    sym, shapes, dtypes = hidden_nets()[case]
+    fast = import_symbol(sym, dtypes=dtypes, **shapes)
+    assert importer._Hidden.of(json.loads(sym.tojson()), sym.get_internals().list_outputs())
+    with monkeypatch.context() as m:
+        m.setattr(importer._Hidden, "of", staticmethod(lambda js, names: None))
+        copy = import_symbol(sym, dtypes=dtypes, **shapes)
+    assert fast.nodes == copy.nodes and fast.heads == copy.heads
+    with monkeypatch.context() as m:
+        m.setattr(importer, "_node_outputs", lambda *args: None)
+        assert import_symbol(sym, dtypes=dtypes, **shapes).nodes == copy.nodes
+    assert any(len(n.outputs) > 1 for n in fast.nodes)
+
+
 def test_variables_are_classified():
     g = import_symbol(small_net(), data=(2, 3, 5, 5))
     kinds = {n.name: n.kind for n in g.variables()}
