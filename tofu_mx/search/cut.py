@@ -779,19 +779,21 @@ class Cut:
         Computed once per distinct edge; the matrices are shared, read-only."""
         layouts, (regions, shape) = self._interned[held], self._interned[read]
         itemsize, grad = self.structure.facts_of_tensors[facts]
+        weigh = kept and self.memory_weight     # the converted copy's bytes, weighted
         if inside:
             cost = np.diag(np.array([_consumer(layouts[c], shape, regions[c], itemsize, grad,
                                                again) for c in range(len(regions))],
                                     dtype=np.float64))
-            buf = np.diag(np.array([_buffer(layouts[c], shape, regions[c], itemsize)
-                                    if kept else 0 for c in range(len(regions))],
-                                   dtype=np.float64))
+            if weigh:
+                buf = np.diag(np.array([_buffer(layouts[c], shape, regions[c], itemsize)
+                                        for c in range(len(regions))], dtype=np.float64))
         else:
             cost = np.array([[_consumer(a, shape, need, itemsize, grad, again)
                               for need in regions] for a in layouts], dtype=np.float64)
-            buf = np.array([[_buffer(a, shape, need, itemsize) if kept else 0
-                             for need in regions] for a in layouts], dtype=np.float64)
-        weighted = cost + self.memory_weight * buf if self.memory_weight else cost
+            if weigh:
+                buf = np.array([[_buffer(a, shape, need, itemsize) for need in regions]
+                                for a in layouts], dtype=np.float64)
+        weighted = cost + self.memory_weight * buf if weigh else cost
         cost.flags.writeable = weighted.flags.writeable = False
         return cost, weighted
 
