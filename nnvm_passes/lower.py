@@ -111,8 +111,21 @@ class _Templates:
         visible = tuple((k, v) for k, v in node.attrs.items() if not is_hidden_attr(k))
         key = (hook, node.op, visible, shapes, len(node.inputs))
         if key not in self._found:
-            self._found[key] = _record(hook, node, shapes, len(node.inputs))
+            found = _RECORDED.get(key, _UNKNOWN)
+            if found is _UNKNOWN:       # a hook is a function of its key alone
+                found = _record(hook, node, shapes, len(node.inputs))
+                if len(_RECORDED) >= _RECORDED_MOST:
+                    _RECORDED.clear()
+                _RECORDED[key] = found
+            self._found[key] = found
         return self._found[key]
+
+
+#: the templates recorded so far, by hook, operator, parameters and input shapes (a graph's
+#: BatchNorms share a few, and a graph planned again shares them all)
+_RECORDED: dict[tuple, "_Template | None"] = {}
+_RECORDED_MOST = 1 << 12
+_UNKNOWN = object()
 
 
 def _walk(graph: Graph, templates: "_Templates", keep, emit) -> list[tuple[int, int]]:
@@ -363,24 +376,22 @@ def _mxnet_order(reads: list[tuple], heads: list[tuple[int, int]]) -> list[int]:
     """The nodes reachable from ``heads`` in nnvm's post-order depth-first order (from each
     head in turn, inputs in order), the order a symbol's JSON lists them in; ``reads``:
     each node's inputs as ``(node, output)``."""
-    order, visited = [], set()
+    order, seen = [], [False] * len(reads)
     for head, _ in heads:
-        if head in visited:
+        if seen[head]:
             continue
-        visited.add(head)
-        stack = [(head, 0)]
+        seen[head] = True
+        stack = [(head, iter(reads[head]))]     # each node's inputs, resumed where left
         while stack:
-            k, next_input = stack[-1]
-            inputs = reads[k]
-            if next_input == len(inputs):
+            k, pending = stack[-1]
+            for src, _ in pending:
+                if not seen[src]:
+                    seen[src] = True
+                    stack.append((src, iter(reads[src])))
+                    break
+            else:
                 order.append(k)
                 stack.pop()
-                continue
-            stack[-1] = (k, next_input + 1)
-            src = inputs[next_input][0]
-            if src not in visited:
-                visited.add(src)
-                stack.append((src, 0))
     return order
 
 
