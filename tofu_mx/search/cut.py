@@ -144,11 +144,6 @@ class Group:
     choices: tuple[tuple[int, StoreLayout | None], ...] = ()
     labels: tuple[str, ...] = ()
 
-    @property
-    def first(self) -> int:
-        """Its smallest member (a copy's first member is its smallest)."""
-        return min(copy[0] for copy in self.copies)
-
 
 def _preserves_layout(strats: list[Strategy], in_shape: Shape, out_shape: Shape,
                       parts: int) -> dict[int, int] | None:
@@ -260,7 +255,7 @@ class Cut:
         # each candidate's rule, once per kind
         kinds = np.fromiter(map(kind_of.__getitem__, candidate.tolist()), np.int64,
                             len(candidate))
-        distinct, first, which = np.unique(kinds, return_index=True, return_inverse=True)
+        _, first, which = np.unique(kinds, return_index=True, return_inverse=True)
         rules = [_preserves_layout(self.strats[i], view.op_in[i][0], view.op_out[i][0],
                                    self.parts) for i in candidate[first].tolist()]
         follows = np.array([r is not None for r in rules], dtype=bool)[which.reshape(-1)] \
