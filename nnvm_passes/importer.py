@@ -1,8 +1,10 @@
 """Import an ``mx.sym.Symbol`` and its input shapes into the IR of :mod:`nnvm_passes.ir`.
 
-Shapes and dtypes come from MXNet's own ``infer_shape``/``infer_type``, run on a symbol whose
-outputs are *every* output entry of every node (hidden ones such as BatchNorm's batch mean
-included), so that each entry of the IR carries its shape and dtype.
+Shapes and dtypes come from MXNet's own ``infer_shape``/``infer_type``, so that each entry of
+the IR carries its shape and dtype: run on the symbol's ``get_internals()``, whose outputs are
+every output entry of every node but hidden ones (BatchNorm's batch mean), which are inferred
+node by node, once per operator, attributes and inputs (or, where that cannot be done, on a
+copy of the graph with every entry an output).
 """
 from __future__ import annotations
 
@@ -155,21 +157,6 @@ def all_entries_symbol(js: dict) -> mx.sym.Symbol:
     return mx.sym.load_json(json.dumps(dict(js, heads=heads)))
 
 
-def every_entry_symbol(symbol: mx.sym.Symbol, js: dict,
-                       internals: tuple[mx.sym.Symbol, list[str]] | None = None
-                       ) -> mx.sym.Symbol:
-    """:func:`all_entries_symbol` of ``js``, the JSON of ``symbol``, made without a copy
-    where MXNet's ``get_internals()`` already lists every entry in ``js``'s order: it leaves
-    out hidden outputs (BatchNorm's saved statistics, a pooling workspace), and ``js`` lacks
-    removed ``amp_cast`` nodes, so the count and the names are checked first. (Saving and
-    loading the copy took a third of importing 100,000 operators.) ``internals``:
-    :func:`internals_of` ``symbol``, if known."""
-    internals, names = internals_of(symbol) if internals is None else internals
-    if _lists_every_entry(js, names):
-        return internals
-    return all_entries_symbol(js)
-
-
 def _lists_every_entry(js: dict, names: list[str]) -> bool:
     """Whether ``names`` (``get_internals().list_outputs()``) are every entry of ``js``."""
     row_ptr = js["node_row_ptr"]
@@ -179,12 +166,15 @@ def _lists_every_entry(js: dict, names: list[str]) -> bool:
         for i, node in enumerate(js["nodes"]))
 
 
-def _entries_symbol(symbol: mx.sym.Symbol, js: dict,
-                    internals: tuple[mx.sym.Symbol, list[str]]
+def _entries_symbol(js: dict, internals: tuple[mx.sym.Symbol, list[str]]
                     ) -> tuple[mx.sym.Symbol, "_Hidden | None"]:
-    """The symbol to infer every entry of ``js`` through: :func:`every_entry_symbol`, or
-    ``get_internals()`` with the hidden outputs to add (:class:`_Hidden`) where it lists
-    the others."""
+    """The symbol to infer every entry of ``js`` (a symbol's JSON) through, and the hidden
+    outputs to add (:class:`_Hidden`), or None. The symbol is the symbol's
+    ``get_internals()`` (``internals``: :func:`internals_of`) where it lists every entry in
+    ``js``'s order, or every entry but hidden outputs (BatchNorm's saved statistics, a
+    pooling workspace). Else (``js`` lacks removed ``amp_cast`` nodes, say) it is
+    :func:`all_entries_symbol`: saving and loading that copy took a third of importing
+    100,000 operators."""
     everything, names = internals
     if _lists_every_entry(js, names):
         return everything, None
@@ -622,7 +612,7 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
         type_dict = {k: "float32" for k in shapes}
         type_dict.update(dtypes)
 
-        everything, hidden = _entries_symbol(symbol, js, internals)
+        everything, hidden = _entries_symbol(js, internals)
         types = pool.submit(_infer_dtypes, everything, type_dict)
         roles = pool.submit(_roles, symbol, js, shapes, arg_names, aux_names, data_names,
                             label_inputs, known)
