@@ -96,11 +96,10 @@ def lower(graph: Graph, lowering_of: Callable[[Any], Hook | None]) -> Graph:
 
 class _Templates:
     """The :class:`_Template` of each lowered node, recorded once per hook, operator,
-    parameters and input shapes (None: its hook keeps it)."""
+    parameters and input shapes (None: its hook keeps it), across graphs (:data:`_RECORDED`)."""
 
     def __init__(self, graph: Graph, hooks: Mapping[int, Hook | None]):
         self._graph, self._hooks = graph, hooks
-        self._found: dict[tuple, _Template | None] = {}
 
     def of(self, i: int) -> "_Template | None":
         hook = self._hooks.get(i)
@@ -110,15 +109,13 @@ class _Templates:
         shapes = tuple(graph.tensor(e).shape for e in node.inputs)
         visible = tuple((k, v) for k, v in node.attrs.items() if not is_hidden_attr(k))
         key = (hook, node.op, visible, shapes, len(node.inputs))
-        if key not in self._found:
-            found = _RECORDED.get(key, _UNKNOWN)
-            if found is _UNKNOWN:       # a hook is a function of its key alone
-                found = _record(hook, node, shapes, len(node.inputs))
-                if len(_RECORDED) >= _RECORDED_MOST:
-                    _RECORDED.clear()
-                _RECORDED[key] = found
-            self._found[key] = found
-        return self._found[key]
+        found = _RECORDED.get(key, _UNKNOWN)
+        if found is _UNKNOWN:       # a hook is a function of its key alone
+            found = _record(hook, node, shapes, len(node.inputs))
+            if len(_RECORDED) >= _RECORDED_MOST:
+                _RECORDED.clear()
+            _RECORDED[key] = found
+        return found
 
 
 #: the templates recorded so far, by hook, operator, parameters and input shapes (a graph's

@@ -51,7 +51,8 @@ from nnvm_passes.ir import Graph
 from tofu_mx.search import ties
 from tofu_mx.search.cost import (consumer_bytes, converted_bytes, intersect,
                                   producer_bytes, stored_regions, volume)
-from tofu_mx.search.problem import Problem, distinct_rows, make_indexed_problem
+from tofu_mx.search.problem import (Problem, by_first_appearance, distinct_rows,
+                                    make_indexed_problem)
 from tofu_mx.search.structure import GraphStructure, itemsize_of, needs_grad_of
 from tofu_mx.tdl.analysis import Layout, Strategy
 from tofu_mx.tdl.annotate import annotate, replicate_strategy
@@ -219,13 +220,9 @@ class Cut:
         op_in, op_out, shard, short = view.op_in, view.op_out, view.shard, view.short
         ops = self.ops
         if view.classes is not None and ops:    # the first operator of each class, in order
-            classes = np.fromiter(map(view.classes.__getitem__, ops), np.int64, len(ops))
-            _, first, which = np.unique(classes, return_index=True, return_inverse=True)
-            rank = np.argsort(first)
-            place = np.empty(len(first), dtype=np.int64)
-            place[rank] = np.arange(len(first))
-            which = place[which.reshape(-1)]
-            picked = [ops[k] for k in first[rank].tolist()]
+            which, first = by_first_appearance(
+                np.fromiter(map(view.classes.__getitem__, ops), np.int64, len(ops)))
+            picked = [ops[k] for k in first.tolist()]
         else:
             picked, which = ops, None
         found_kind, found_shape = [], []
@@ -702,10 +699,7 @@ class Cut:
         choices_id = np.array([r.choices_id for r in resolutions], dtype=np.int64)
         combined = choices_id[resolution_of[copies.group]] * (int(copies.key.max()) + 1) + \
             copies.key
-        _, first, which = np.unique(combined, return_index=True, return_inverse=True)
-        rank = np.empty(len(first), dtype=np.int64)
-        rank[np.argsort(first)] = np.arange(len(first))
-        which = rank[which.reshape(-1)]        # batches numbered by their first copy
+        which, first = by_first_appearance(combined)    # batches by their first copy
         by_batch = np.argsort(which, kind="stable")
         bounds = np.zeros(len(first) + 1, dtype=np.int64)
         np.cumsum(np.bincount(which), out=bounds[1:])
@@ -975,12 +969,9 @@ def next_view(cut: Cut, resolved_by_member: dict[int, tuple[Strategy, tuple]],
         ids = np.unique(np.fromiter(map(id, chosen), np.int64, len(ops)),
                         return_inverse=True)[1].reshape(-1)
         shape_ids = np.fromiter(map(cut._shape_id.__getitem__, ops), np.int64, len(ops))
-        distinct, which = distinct_rows(np.stack([shape_ids, ids], axis=1))
-        _, first = np.unique(which, return_index=True)
-        order = np.argsort(first)                 # numbered by first appearance
-        rank = np.empty(len(order), dtype=np.int64)
-        rank[order] = np.arange(len(order))
-        which, first = rank[which].tolist(), first[order].tolist()
+        which, first = by_first_appearance(
+            distinct_rows(np.stack([shape_ids, ids], axis=1))[1])
+        which, first = which.tolist(), first.tolist()
     else:
         which, first = [], []
     found = [_next_shapes(cut, ops[k], *chosen[k]) for k in first]

@@ -35,7 +35,7 @@ from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.cut import Cut, CutProblem, View, next_view
 from tofu_mx.search.dp import Solution, prime_factors, solve_dp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
-from tofu_mx.search.problem import distinct_rows
+from tofu_mx.search.problem import by_first_appearance, distinct_rows
 from tofu_mx.search.structure import GraphStructure, itemsize_of
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph, registry_entry
@@ -605,12 +605,8 @@ def _distinct_by_identity(columns: list[list], n: int) -> tuple[np.ndarray, list
         return np.zeros(n, dtype=np.int64), [0] if n else []
     ids = [np.unique(np.fromiter(map(id, column), np.int64, n), return_inverse=True)[1]
            .reshape(-1) for column in columns]
-    distinct, which = distinct_rows(np.stack(ids, axis=1))
-    _, first = np.unique(which, return_index=True)
-    order = np.argsort(first)               # by first appearance
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    return rank[which], first[order].tolist()
+    which, first = by_first_appearance(distinct_rows(np.stack(ids, axis=1))[1])
+    return which, first.tolist()
 
 
 def _typed_layouts(shape: tuple[int, ...], found: list, parts: list[int]

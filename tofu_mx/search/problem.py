@@ -149,6 +149,16 @@ def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows[first], which.reshape(-1)
 
 
+def by_first_appearance(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each item's label (integers) as a number counting the distinct labels in order of
+    their first item, and that first item of each, in that order."""
+    _, first, which = np.unique(labels, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank[which.reshape(-1)], first[order]
+
+
 def _add_self_edges(unary: list, nodes: np.ndarray, which: np.ndarray,
                     matrices: Sequence[np.ndarray]) -> None:
     """``unary[node]`` plus the diagonal of each of its self edges' matrices (``nodes``,

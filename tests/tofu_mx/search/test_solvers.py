@@ -177,3 +177,11 @@ def test_the_dps_minimum_over_an_axis_is_numpys(shape):
     for axis in range(len(shape)):
         found = _min_at(table, axis, table.argmin(axis))
         assert found.shape == table.min(axis).shape and np.array_equal(found, table.min(axis))
+
+
+def test_labels_are_numbered_by_first_appearance():
+    from tofu_mx.search.problem import by_first_appearance
+    which, first = by_first_appearance(np.array([7, 3, 7, 9, 3, 3]))
+    assert which.tolist() == [0, 1, 0, 2, 1, 1] and first.tolist() == [0, 1, 3]
+    which, first = by_first_appearance(np.zeros(0, dtype=np.int64))
+    assert which.tolist() == [] and first.tolist() == []
