@@ -1,20 +1,64 @@
 """Loss heads. Their forward pass ignores the label; the gradient reads it, which the
 descriptions declare with ``depends`` so the label gets a region like the data's."""
+import math
+
 from tofu_mx.tdl import (Max, Shard, Sum, depends, exp, index, lam, log, maximum, op,
                          sigmoid)
 
 
-def _softmax_output_shard(attrs, ctx):
-    """``normalization='batch'`` divides the gradient by the batch a share sees, so the share
-    scales it back; ``'valid'`` counts valid labels over the whole batch: whole only."""
-    norm = attrs.get("normalization", "null")
-    whole = ctx.input_shapes[0][0]
-    local = ctx.size(ctx.inputs[0])[0]
-    if norm == "valid" and local != whole:
-        return None
-    if norm == "batch" and local != whole:
+def _prod(shape) -> int:
+    return int(math.prod(shape))
+
+
+def _rescaled(divisor):
+    """A shard hook for a loss head whose gradient MXNet divides by ``divisor(attrs, data
+    shape, label shape)``, a count of the tensors the kernel sees (None: a count of the values
+    themselves, e.g. the labels that are not ignored). A share sees its own boxes, so its
+    ``grad_scale`` is multiplied by share count / whole count: every share's gradient is the
+    whole operator's. A data-dependent count runs whole only."""
+    def shard(attrs, ctx):
+        def shape(j, whole):
+            box = ctx.inputs[j] if j < len(ctx.inputs) else None
+            return ctx.size(box) if box is not None else tuple(whole)
+        whole_shapes = ctx.input_shapes
+        local_shapes = tuple(shape(j, s) for j, s in enumerate(whole_shapes))
+        if local_shapes == tuple(map(tuple, whole_shapes)):
+            return Shard()
+        whole, local = divisor(attrs, *whole_shapes), divisor(attrs, *local_shapes)
+        if whole is None or local is None:
+            return None
+        if whole == local:
+            return Shard()
         return Shard({"grad_scale": float(attrs.get("grad_scale", 1.0)) * local / whole})
-    return Shard()
+    return shard
+
+
+def _softmax_output_divisor(attrs, data, label=None):
+    """What SoftmaxOutput's gradient is divided by: nothing for a probability label; with
+    ``multi_output`` the positions per sample (``prod(data[2:])``, times the batch with
+    ``normalization='batch'``); else the labels' count with ``'batch'``. ``'valid'`` counts
+    the labels not ignored: data-dependent."""
+    norm = attrs.get("normalization", "null")
+    if label is not None and tuple(label) == tuple(data):
+        return 1
+    if norm == "valid":
+        return None
+    if attrs.get("multi_output", False):
+        return _prod(data[2:]) * (data[0] if norm == "batch" else 1)
+    return _prod(label) if norm == "batch" and label is not None else 1
+
+
+def _make_loss_divisor(attrs, data):
+    """MakeLoss divides its gradient by the batch with ``normalization='batch'``, by the count
+    of values above ``valid_thresh`` with ``'valid'`` (data-dependent)."""
+    norm = attrs.get("normalization", "null")
+    return None if norm == "valid" else data[0] if norm == "batch" else 1
+
+
+def _regression_divisor(attrs, data, label):
+    """The regression outputs divide their gradient by the label's values per sample,
+    ``label.size / label.shape[0]`` (so a label split on a non-batch axis changes it)."""
+    return _prod(label) // label[0] if label and label[0] else 1
 
 
 def _classes(attrs, shapes):
@@ -22,10 +66,18 @@ def _classes(attrs, shapes):
     return 0, shapes[0][1 if attrs.get("multi_output", False) else -1]
 
 
-@op("SoftmaxOutput", shard=_softmax_output_shard, labels=(1,), loss=True,
+@op("SoftmaxOutput", shard=_rescaled(_softmax_output_divisor), labels=(1,), loss=True,
     index_inputs={1: _classes}, examples=[({}, [(3, 5), (3,)]), ({"multi_output": True}, [(2, 3, 4), (2, 4)]),
                                ({"preserve_shape": True}, [(2, 3, 4), (2, 3)]),
-                               ({}, [(2, 3, 2), (2, 3)]), ({"grad_scale": 2.0}, [(4, 3), (4,)])])
+                               ({}, [(2, 3, 2), (2, 3)]), ({"grad_scale": 2.0}, [(4, 3), (4,)]),
+                               ({"multi_output": True}, [(2, 3, 4, 5), (2, 4, 5)]),
+                               ({"multi_output": True, "normalization": "batch"},
+                                [(3, 3, 5), (3, 5)]),
+                               ({"normalization": "batch"}, [(4, 3), (4,)]),
+                               ({"preserve_shape": True, "normalization": "batch"},
+                                [(2, 3, 4), (2, 3)]),
+                               ({"normalization": "valid"}, [(4, 3), (4,)]),
+                               ({}, [(3, 4), (3, 4)])])
 def softmax_output(attrs, data, label):
     """softmax over axis 1 (multi_output), the last axis (preserve_shape), or every axis but
     the first (the default: MXNet flattens the trailing axes into one)."""
@@ -49,8 +101,9 @@ def softmax_output(attrs, data, label):
 
 
 def _regression(name, f):
-    op(name, labels=(1,), loss=True,
-       examples=[({}, [(3, 4), (3, 4)]), ({"grad_scale": 0.5}, [(2, 3), (2, 3)])])(
+    op(name, labels=(1,), loss=True, shard=_rescaled(_regression_divisor),
+       examples=[({}, [(3, 4), (3, 4)]), ({"grad_scale": 0.5}, [(2, 3), (2, 3)]),
+                 ({}, [(4, 5), (4, 5)]), ({}, [(2, 3, 4), (2, 3, 4)])])(
         lambda attrs, data, label: lam(data.ndim, lambda *i: depends(f(data[i]), label[i])))
 
 
@@ -61,8 +114,9 @@ _regression("LogisticRegressionOutput", sigmoid)
 
 # MakeLoss: its forward is the identity; its gradient (grad_scale, normalised like
 # SoftmaxOutput's) ignores the head's: a loss head.
-op("MakeLoss", shard=_softmax_output_shard, loss=True,
-   examples=[({}, [(2, 3)]), ({"grad_scale": 2.0}, [(2, 3)])])(
+op("MakeLoss", shard=_rescaled(_make_loss_divisor), loss=True,
+   examples=[({}, [(2, 3)]), ({"grad_scale": 2.0}, [(2, 3)]),
+             ({"normalization": "batch"}, [(4, 3)]), ({"normalization": "valid"}, [(4, 3)])])(
     lambda attrs, data: lam(data.ndim, lambda *i: data[i]))
 
 

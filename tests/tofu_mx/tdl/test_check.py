@@ -4,7 +4,7 @@ import pytest
 
 import tofu_mx.ops  # noqa: F401
 from tofu_mx.tdl import Sum, lam, registered
-from tofu_mx.tdl.check import check_description, check_example
+from tofu_mx.tdl.check import check_description, check_example, check_loss_gradients
 from tofu_mx.tdl.registry import Description, lookup
 
 CASES = [(name, k) for name, d in sorted(registered().items()) if isinstance(d, Description)
@@ -54,3 +54,33 @@ def test_every_described_output_is_compared():
         return (pieces[0],) * len(pieces)
     results = check_description(dataclasses.replace(real, fn=wrong))
     assert any(not r.ok and "output 1 differs" in str(r) for r in results)
+
+
+LOSS_CASES = [(name, k) for name, k in CASES if registered()[name].facts.loss]
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("name, k", LOSS_CASES, ids=[f"{n}-{k}" for n, k in LOSS_CASES])
+def test_loss_head_shares_give_the_whole_gradient(name, k, parts):
+    """A loss head's gradient divides by counts of what its kernel sees (the batch, the values
+    per sample, the positions): every share the search may run computes the whole operator's
+    gradient over its box."""
+    desc = registered()[name]
+    results = check_loss_gradients(desc, desc.examples[k], parts)
+    assert all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+@pytest.mark.parametrize("name", ["LinearRegressionOutput", "SoftmaxOutput"])
+def test_the_gradient_check_fails_without_the_rescaling_hook(name):
+    import dataclasses
+    desc = dataclasses.replace(registered()[name], shard=None)
+    bad = [r for ex in desc.examples for r in check_loss_gradients(desc, ex, 3) if not r.ok]
+    assert bad and "MISMATCH" in str(bad[0])
+
+
+def test_every_loss_head_has_examples_that_split_off_the_batch():
+    """The check above proves something only where some share splits a non-batch axis."""
+    for name in {n for n, _ in LOSS_CASES}:
+        desc = registered()[name]
+        splits = {r.strategy for ex in desc.examples for r in check_loss_gradients(desc, ex, 2)}
+        assert splits - {"split i0"}, name
