@@ -16,8 +16,8 @@ What the package offers:
   (the built-in descriptions, each checked against MXNet's kernel).
 - :mod:`tofu_mx.gluon`: partition a Gluon ``HybridBlock`` and train
   it with its ``Trainer``.
-- :mod:`tofu_mx.sim`: the simulator's machine presets and cost formulas (the simulation
-  itself is not built yet).
+- :mod:`tofu_mx.sim`: the simulator: machine presets, cost formulas, and a plan's simulated
+  step time and memory per device.
 - :mod:`tofu_mx.cli` (``python -m tofu_mx``, or ``tofu-mx``), :mod:`tofu_mx.models` (the
   paper's models as Symbol builders), :func:`summarize`, and the graph import/export and
   rewrite in :mod:`nnvm_passes`.
@@ -34,6 +34,13 @@ import os as _os
 # on, in none with it off. MXNet reads the flag lazily, so setting it before the first
 # operator runs is enough; a value the user set is kept. GPUs are unaffected.
 _os.environ.setdefault("MXNET_MKLDNN_ENABLED", "0")
+# MXNet latches that flag on its first read (a static in the library), so it cannot be scoped to
+# partitioned executors: it holds for the user's own code too. With it off, MXNet 1.9.1 still
+# builds a float32 fused RNN's state for MKLDNN (it asks MXNET_USE_MKLDNN_RNN, not the flag) and
+# then runs the plain kernel on it: every float32 Gluon LSTM/GRU layer fails on CPU ("Check
+# failed: in_data.size() == num_inputs"). Turning MKLDNN's RNN off with it keeps them running.
+if _os.environ["MXNET_MKLDNN_ENABLED"] == "0":
+    _os.environ.setdefault("MXNET_USE_MKLDNN_RNN", "0")
 # MXNet sums the gradients of an output read by more than MXNET_EXEC_INPLACE_GRAD_SUM_CAP
 # (default 8) operators with a chain of in-place adds; when those readers sit on different
 # devices the sum comes out wrong (measured: a BatchNorm read on 8 CPU devices gave wrong

@@ -15,7 +15,7 @@ def float64(shapes):
 
 
 def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=None,
-                         **shapes):
+                         oracle=None, **shapes):
     """Partition ``sym`` over k CPU devices and verify it against one device (outputs, every
     gradient, every aux state); returns (PartitionedSymbol, VerificationReport)."""
     ctx = [mx.cpu(i) for i in range(k)]
@@ -28,5 +28,5 @@ def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=
             graph = lower_graph(import_symbol(sym, dtypes=dtypes, **shapes), k)
             ptd = apply_plan(sym, graph, plan_graph(graph, k, choose=forced(choose)), ctx)
     report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, arrays=arrays,
-                            **shapes)
+                            oracle=oracle, **shapes)
     return ptd, report

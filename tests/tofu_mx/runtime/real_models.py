@@ -3,7 +3,8 @@ Transformer encoder and language model, Gluon's RNN layers and unrolled cells, M
 ``mx.rnn`` cells, and a model-zoo net exported and loaded back. Each builder returns
 ``(symbol, shapes, arrays, dtype)``: the graph, its input shapes, realistic values for the
 inputs that need them (lengths, positions), and its dtype: float64, except BERT, whose
-interleaved attention kernels run only in float32 on CPU."""
+interleaved attention kernels run only in float32 on CPU, and the fused RNN layers run as users
+run them, in float32."""
 import os
 import tempfile
 import warnings
@@ -82,10 +83,23 @@ def language_model():
     return _loss([out]), {"data": (STEPS, BATCH)}, {}, "float64"
 
 
-def gluon_rnn_layer(kind):
+def gluon_rnn_layer(kind, dtype="float64"):
     layer = {"lstm": gluon.rnn.LSTM, "gru": gluon.rnn.GRU}[kind](16, num_layers=2)
-    out = _symbol(layer, mx.sym.var("data"))
-    return _loss([out]), {"data": (STEPS, BATCH, 8)}, {}, "float64"
+    out = _symbol(layer, mx.sym.var("data"), dtype=dtype)
+    return _loss([out]), {"data": (STEPS, BATCH, 8)}, {}, dtype
+
+
+def gluon_bidirectional_float32(kind):
+    """The fused layers as users run them: float32, bidirectional, batch-major (NTC), with
+    begin states given (MXNet's float32 RNN kernel differs from its float64 one on CPU)."""
+    cls = {"lstm": gluon.rnn.LSTM, "gru": gluon.rnn.GRU}[kind]
+    layer = cls(12, num_layers=1, bidirectional=True, layout="NTC", input_size=8)
+    layer.initialize()
+    layer.hybridize()
+    states = [mx.sym.var(f"state{i}") for i in range(2 if kind == "lstm" else 1)]
+    out, _ = layer(mx.sym.var("data"), states)
+    shapes = {"data": (BATCH - 1, STEPS - 1, 8), **{s.name: (2, BATCH - 1, 12) for s in states}}
+    return _loss([out]), shapes, {}, "float32"
 
 
 def gluon_lstm_cell_unrolled():
@@ -125,8 +139,14 @@ def exported_zoo_net():
     return mx.sym.SoftmaxOutput(sym, label), {"data": (BATCH, 3, 32, 32)}, {}, "float64"
 
 
+#: float32 models MXNet cannot run in float64 (no float64 oracle for them)
+FLOAT32_ONLY = {"bert"}
+
 MODELS = {"bert": bert, "transformer_encoder": transformer_encoder,
           "language_model": language_model, "gluon_lstm": lambda: gluon_rnn_layer("lstm"),
           "gluon_gru": lambda: gluon_rnn_layer("gru"),
+          "gluon_lstm_float32": lambda: gluon_rnn_layer("lstm", "float32"),
+          "gluon_bilstm_float32": lambda: gluon_bidirectional_float32("lstm"),
+          "gluon_bigru_float32": lambda: gluon_bidirectional_float32("gru"),
           "gluon_lstm_cell": gluon_lstm_cell_unrolled, "mx_rnn_cells": legacy_rnn_cells,
           "exported_resnet18": exported_zoo_net}
