@@ -320,6 +320,9 @@ class _Rewrite:
             if pad is None:
                 raise TofuError(f"{self.g.nodes[t[0]].name} is read at {box} beyond its shape "
                                 f"{shape} but has no pad value")
+            if hi < 0 or lo >= n:      # nothing but padding
+                self.memo[key] = self.constant(box, pad, d, t, again)
+                return self.memo[key]
             inner = box[:a] + ((max(lo, 0), min(hi, n - 1)),) + box[a + 1:]
             pieces = [(inner, self.region(t, inner, d, pad, again))]
             if lo < 0:

@@ -15,10 +15,12 @@ def _window_pads(ctx, axes, kernel, stride, out_size, explicit_ok):
     padding on one side only, which MXNet's symmetric ``pad`` cannot say)."""
     pads, explicit = [], []
     for a, k, s in zip(axes, kernel, stride):
-        (wlo, whi), (clo, chi) = ctx.windows[0][a], ctx.inputs[0][a]
-        lo, hi = clo - wlo, whi - chi
+        (wlo, whi), box = ctx.windows[0][a], ctx.inputs[0]
         want = ctx.size(ctx.outputs[0])[a]
-        if hi <= lo and out_size(chi - clo + 1, lo, k, s) == want:
+        # a share reading nothing but padding (no box) reads its whole window materialised
+        (clo, chi) = box[a] if box is not None else (wlo, whi)
+        lo, hi = clo - wlo, whi - chi
+        if box is not None and hi <= lo and out_size(chi - clo + 1, lo, k, s) == want:
             pads.append(lo)
         elif explicit_ok and out_size(whi - wlo + 1, 0, k, s) == want:
             pads.append(0)
@@ -42,7 +44,7 @@ def _conv_shard(attrs, ctx):
         return None
     pads, explicit = found
     filters, per_group = ctx.size(ctx.outputs[0])[1], ctx.size(ctx.inputs[1])[1]
-    in_channels = ctx.size(ctx.inputs[0])[1]
+    in_channels = ctx.size(ctx.windows[0])[1]
     groups = in_channels // per_group
     if groups * per_group != in_channels or filters % groups:
         return None

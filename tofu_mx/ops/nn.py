@@ -43,7 +43,8 @@ def _deconv_pads(ctx, kernel, stride, dilate, pad):
         lo, hi = ctx.outputs[0][a]
         want = hi - lo + 1
         k_eff = (k - 1) * dl + 1
-        for (x0, x1), materialise in ((ctx.inputs[0][a], False), (ctx.windows[0][a], True)):
+        inside = () if ctx.inputs[0] is None else ((ctx.inputs[0][a], False),)
+        for (x0, x1), materialise in inside + ((ctx.windows[0][a], True),):
             p_share = p + lo - x0 * s
             adj = want - ((x1 - x0) * s + k_eff - 2 * p_share)
             if p_share >= 0 and 0 <= adj < s:
@@ -68,7 +69,7 @@ def _deconv_shard(attrs, ctx):
         return None
     pads, adjs, explicit = found
     filters = ctx.size(ctx.outputs[0])[1]
-    channels, rows, per_group = (ctx.size(ctx.inputs[0])[1], ctx.size(ctx.inputs[1])[0],
+    channels, rows, per_group = (ctx.size(ctx.windows[0])[1], ctx.size(ctx.inputs[1])[0],
                                  ctx.size(ctx.inputs[1])[1])
     groups = filters // per_group
     if groups * per_group != filters or channels % groups or rows != channels:
@@ -467,7 +468,7 @@ def _correlation_shard(attrs, ctx):
         return None
     if ctx.partial is None:
         return Shard()
-    return Shard(scale=ctx.size(ctx.inputs[0])[1] / ctx.input_shapes[0][1])
+    return Shard(scale=ctx.size(ctx.windows[0])[1] / ctx.input_shapes[0][1])
 
 
 @op("Correlation", shard=_correlation_shard, examples=[

@@ -83,10 +83,15 @@ class _Regions:
             iv = (0, shape[axis] - 1) if iv is None else iv
             lo, hi = max(iv[0], 0), min(iv[1], shape[axis] - 1)
             if lo > hi:
-                return  # reads only padding
-            box.append([lo, hi])
+                if access.pad is None:
+                    return
+                box = None     # reads only padding: a window, no box
+            if box is not None:
+                box.append([lo, hi])
             window.append(list(iv) if access.pad is not None else [lo, hi])
         for store, new in ((self.boxes, box), (self.windows, window)):
+            if new is None:
+                continue
             mine = store[access.tensor.position]
             if mine is None:
                 store[access.tensor.position] = new
@@ -98,7 +103,8 @@ class _Regions:
         return tuple(None if b is None else tuple((lo, hi) for lo, hi in b) for b in self.boxes)
 
     def result_windows(self) -> tuple[Region, ...]:
-        """The boxes before clipping to the tensors' bounds (reaching into their padding)."""
+        """The boxes before clipping to the tensors' bounds (reaching into their padding); an
+        input read only in its padding has a window and no box."""
         return tuple(None if b is None else tuple((lo, hi) for lo, hi in b)
                      for b in self.windows)
 

@@ -63,8 +63,10 @@ def resolve(entry: Description, op: str, attrs: FrozenDict, traced: Traced,
         return f"its description's shard hook cannot run the share {work.outputs}"
     boxes = []
     for j, (box, window) in enumerate(zip(work.inputs, work.windows)):
-        if box is not None and j in shard.padded:
-            box = tuple(window[a] if a in shard.padded[j] else box[a] for a in range(len(box)))
+        if window is not None and j in shard.padded:
+            # read only in its padding (no box): the window, materialised, is all it reads
+            box = window if box is None else \
+                tuple(window[a] if a in shard.padded[j] else box[a] for a in range(len(box)))
         boxes.append(box)
     merged = dict(attrs)
     merged.update({name: format_attr_value(v) for name, v in shard.attrs.items()})

@@ -268,3 +268,35 @@ def test_a_share_that_cannot_run_makes_the_operator_run_whole():
     report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes={"data": "float64"},
                             **shapes)
     assert report.ok
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_conv_shares_that_read_only_padding_run(k):
+    """pad 6 around 4 rows: the first and last shares of a row split read nothing but
+    padding (FCN's first layer pads by 100). They read a materialised window of zeros."""
+    ptd, report = partition_and_verify(mx.sym.MakeLoss(conv_net(kernel=(3, 3), pad=(6, 6))), k,
+                                       choose={"conv": "split x0"}, data=(2, 3, 4, 5))
+    assert report.ok and not ptd.fallbacks
+    assert ptd.node_counts.get("pad", 0) > 0
+
+
+def fcn_head():
+    """FCN-8s's shape, small: a conv padded by far more than its input, pooling, a 'fc' conv,
+    a learned upsampling, a crop back to the input, a per-pixel softmax."""
+    y = mx.sym.Convolution(X, num_filter=4, kernel=(3, 3), pad=(100, 100), name="conv1_1")
+    y = mx.sym.Activation(y, act_type="relu")
+    y = mx.sym.Pooling(y, kernel=(2, 2), stride=(2, 2), pool_type="max")
+    y = mx.sym.Convolution(y, num_filter=3, kernel=(7, 7), name="fc6")
+    y = mx.sym.Deconvolution(y, num_filter=3, kernel=(4, 4), stride=(2, 2), no_bias=True,
+                             name="up")
+    y = mx.sym.slice(y, begin=(None, None, 19, 19), end=(None, None, 35, 35), name="crop")
+    return mx.sym.SoftmaxOutput(y, mx.sym.var("label"), multi_output=True, name="score")
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_fcn_padded_by_100_partitions_and_verifies(k):
+    """Seen: at k = 3 'NoneType' is not subscriptable from conv1_1's hook; at k = 2 and 4 the
+    per-pixel softmax's gradient was k times too large (it divides by the positions it sees)."""
+    ptd, report = partition_and_verify(fcn_head(), k, data=(1, 3, 16, 16), label=(1, 16, 16))
+    assert report.ok, report
+    assert not ptd.fallbacks

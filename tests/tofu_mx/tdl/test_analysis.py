@@ -303,3 +303,15 @@ def test_unknown_operator_is_reported_not_crashed():
 
 def test_layout_str():
     assert str(Layout("partial", combine="max")) == "partial(max)"
+
+
+def test_an_access_reading_only_padding_has_a_window_and_no_box():
+    from tofu_mx.tdl.analysis import work_regions
+    from tofu_mx.tdl.registry import Attrs, lookup, trace
+    attrs = {"kernel": (3, 3), "num_filter": 2, "pad": (4, 4), "no_bias": True}
+    traced = trace(lookup("Convolution"), Attrs(attrs), [(1, 2, 3, 3), (2, 2, 3, 3)],
+                   [(1, 2, 9, 9)])
+    work = work_regions(traced, {"x0": (0, 1)})      # rows 0-1 read rows -4..-1: padding
+    assert work.inputs[0] is None
+    assert work.windows[0] == ((0, 0), (0, 1), (-4, -1), (-4, 6))
+    assert work.inputs[1] == ((0, 1), (0, 1), (0, 2), (0, 2))
