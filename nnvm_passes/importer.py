@@ -562,6 +562,37 @@ def _roles(symbol: mx.sym.Symbol, js: dict, shapes: Mapping[str, tuple[int, ...]
     return labels, data_names
 
 
+def _unique_operator_names(js: dict) -> bool:
+    """Give each operator whose name an earlier node has (a Gluon block called twice, as one
+    ``self.relu`` used at two places) its own: ``name#2``, ``name#3``, ... in the order of
+    the graph, so that plans, reports and the partitioned graph name one node each. MXNet
+    binds variables by name, so two variables of one name are refused (MXNet cannot bind them
+    either). Whether anything was renamed."""
+    taken = {node["name"] for node in js["nodes"]}
+    seen: dict[str, int] = {}
+    renamed = False
+    for i, node in enumerate(js["nodes"]):
+        name = node["name"]
+        if name not in seen:
+            seen[name] = i
+            continue
+        if node["op"] == "null" and js["nodes"][seen[name]]["op"] == "null":
+            raise InvalidArgumentError(
+                f"the symbol has two variables named {name!r} (nodes {seen[name]} and {i}); "
+                f"MXNet binds variables by name and cannot bind this symbol either: give each "
+                f"variable its own name")
+        if node["op"] == "null":       # the variable keeps its name: the operator is renamed
+            node, name = js["nodes"][seen[name]], name
+            seen[name] = i
+        n = 2
+        while f"{name}#{n}" in taken:
+            n += 1
+        node["name"] = f"{name}#{n}"
+        taken.add(node["name"])
+        renamed = True
+    return renamed
+
+
 def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = None,
                   data_names: list[str] | None = None, label_inputs: LabelInputs | None = None,
                   **shapes: Any) -> Graph:
@@ -598,15 +629,10 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
         known = {} if invalid is not None or data_names is not None or len(shapes) < 2 else {
             name: pool.submit(_needed, symbol, shapes, arg_names, name)
             for name in shapes if name not in aux_names and not name.endswith("label")}
-        internals = internals_of(symbol)
         js = json.loads(text.result())
-        first: dict[str, int] = {}
-        for i, node in enumerate(js["nodes"]):
-            if first.setdefault(node["name"], i) != i:
-                raise InvalidArgumentError(
-                    f"the symbol has two nodes named {node['name']!r} (nodes "
-                    f"{first[node['name']]} and {i}); MXNet binds variables and tofu_mx places "
-                    f"operators by name: give each node its own name")
+        if _unique_operator_names(js):
+            symbol = mx.sym.load_json(json.dumps(js))
+        internals = internals_of(symbol)
         if invalid is not None:
             raise invalid
         type_dict = {k: "float32" for k in shapes}

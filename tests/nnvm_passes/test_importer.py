@@ -235,8 +235,26 @@ def test_tensor_infos_are_one_per_shape_and_dtype():
     assert g.node("am").outputs[0].shape == (2,)
 
 
-def test_duplicate_names_are_reported_before_bad_shapes():
-    a = mx.sym.var("x")
-    b = mx.sym.FullyConnected(a, num_hidden=2, name="x")
-    with pytest.raises(tofu_mx.InvalidArgumentError, match="two nodes named 'x'"):
+def test_duplicate_variable_names_are_reported_before_bad_shapes():
+    """MXNet cannot bind two variables of one name either."""
+    b = mx.sym.var("x") + mx.sym.var("x")
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="two variables named 'x'"):
         import_symbol(b, x=(0, 3))
+
+
+def test_repeated_operator_names_are_made_unique_and_the_symbol_kept():
+    """A Gluon block called at two places gives two nodes one name; MXNet binds that graph.
+    Later operators get ``name#2``, ``name#3``; a variable keeps its name (it binds by it)."""
+    x = mx.sym.var("x")
+    y = mx.sym.Activation(x, act_type="relu", name="relu")
+    y = mx.sym.FullyConnected(y, num_hidden=3, name="x")          # an operator named 'x'
+    y = mx.sym.Activation(y, act_type="relu", name="relu")
+    y = mx.sym.Activation(y, act_type="tanh", name="relu")
+    before = y.tojson()
+    g = import_symbol(y, x=(2, 3))
+    assert y.tojson() == before
+    names = [n.name for n in g.nodes]
+    assert len(set(names)) == len(names)
+    assert [n for n in names if n.startswith("relu")] == ["relu", "relu#2", "relu#3"]
+    assert "x" in names and g.node("x").is_variable and "x#2" in names
+    assert g.node("relu#3").attrs["act_type"] == "tanh"

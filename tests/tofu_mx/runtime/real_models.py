@@ -139,6 +139,25 @@ def exported_zoo_net():
     return mx.sym.SoftmaxOutput(sym, label), {"data": (BATCH, 3, 32, 32)}, {}, "float64"
 
 
+def block_called_twice():
+    """One ``self.relu`` (and one ``self.conv``) used at two places, as GluonCV's R(2+1)D
+    does: the exported graph has two nodes of each name."""
+    from mxnet.gluon import nn
+
+    class Residual(nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2D(4, 3, padding=1, in_channels=4)
+            self.bn = nn.BatchNorm(in_channels=4)
+            self.relu = nn.Activation("relu")
+
+        def hybrid_forward(self, F, x):
+            y = self.relu(self.conv(x))
+            return self.relu(self.bn(self.conv(y)) + x)
+    out = _symbol(Residual(), mx.sym.var("data"))
+    return _loss([out]), {"data": (3, 4, 5, 5)}, {}, "float64"
+
+
 #: float32 models MXNet cannot run in float64 (no float64 oracle for them)
 FLOAT32_ONLY = {"bert"}
 
@@ -148,5 +167,5 @@ MODELS = {"bert": bert, "transformer_encoder": transformer_encoder,
           "gluon_lstm_float32": lambda: gluon_rnn_layer("lstm", "float32"),
           "gluon_bilstm_float32": lambda: gluon_bidirectional_float32("lstm"),
           "gluon_bigru_float32": lambda: gluon_bidirectional_float32("gru"),
-          "gluon_lstm_cell": gluon_lstm_cell_unrolled, "mx_rnn_cells": legacy_rnn_cells,
+          "gluon_lstm_cell": gluon_lstm_cell_unrolled, "block_called_twice": block_called_twice, "mx_rnn_cells": legacy_rnn_cells,
           "exported_resnet18": exported_zoo_net}
