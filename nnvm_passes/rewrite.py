@@ -440,7 +440,7 @@ class _Rewrite:
             shape = self.g.tensor(entry).shape
             heads.append(self.region((entry.node, entry.index), tuple((0, n - 1) for n in shape),
                                      0, None))
-        self._check_every_variable()
+        heads = self._keep_unread_cells(heads)
         if self.ordered:
             self.order()
         js = {"nodes": self.nodes,
@@ -462,16 +462,51 @@ class _Rewrite:
             for nid in shares[cur]:
                 self.nodes[nid]["control_deps"] = list(shares[prev])
 
-    def _check_every_variable(self) -> None:
+    def _keep_unread_cells(self, heads: list[Sym]) -> list[Sym]:
+        """Every stored cell of every variable is a variable of the partitioned graph, also
+        one no share reads (a constant read in part, as YOLO's offsets through
+        ``slice_like``): it is stored, trained (its gradient is zero) and saved as the rest.
+        MXNet keeps only what the heads reach, so such a cell reaches the first float head as
+        an exact zero, ``sum(zeros_like(cell))``, added to it (``zeros_like`` reads no value)."""
+        unread = []
         for i, node in enumerate(self.g.nodes):
             if not node.is_variable or node.kind == "aux":
                 continue
             have = {s.box for s in self.shards if s.source == node.name}
-            missing = [c for c in self.cells((i, 0)) if c not in have]
-            if missing:
-                raise TofuError(f"internal: no operator reads {node.name} in {missing}; the "
-                                f"partitioned graph would lose that part of it")
-
+            unread += [(i, cell, holders[0]) for cell, holders in self.cells((i, 0)).items()
+                       if cell not in have]
+        if not unread:
+            return heads
+        floats = [j for j, e in enumerate(self.g.heads)
+                  if np.issubdtype(np.dtype(self.g.tensor(e).dtype), np.floating)]
+        if not floats:
+            names = sorted({self.g.nodes[i].name for i, _, _ in unread})
+            raise TofuError(f"no operator reads {names} in part of their cells, and the graph "
+                            f"has no float output to keep those parts in the partitioned graph; "
+                            f"partition with those variables kept whole (choose a plan that "
+                            f"replicates them)")
+        j = floats[0]
+        info = self.g.tensor(self.g.heads[j])
+        zeros = []
+        for i, cell, device in unread:
+            name = self.g.nodes[i].name
+            var = self.variable(i, cell, device)
+            zeros_like = self.add("zeros_like", f"{name}{self.suffix(device)}@zeros", {}, [var],
+                                  device, "keep")
+            zero = self.add("sum", f"{name}{self.suffix(device)}@kept", {}, [(zeros_like, 0)],
+                            device, "keep")
+            if self.g.nodes[i].outputs[0].dtype != info.dtype:
+                zero = self.add("Cast", f"{name}{self.suffix(device)}@kept_cast",
+                                {"dtype": info.dtype}, [(zero, 0)], device, "keep")
+            zeros.append(self.send((zero, 0), 0))
+        total = zeros[0] if len(zeros) == 1 else (self.add(
+            "add_n", "unread@kept", {"num_args": str(len(zeros))}, zeros, 0, "keep"), 0)
+        total = (self.add("reshape", "unread@kept_b", {"shape": format_attr_value(
+            (1,) * len(info.shape))}, [total], 0, "keep"), 0)
+        head = self.on_device(heads[j], 0)
+        heads[j] = (self.add("broadcast_add", f"{self.nodes[head[0]]['name']}@with_unread", {},
+                             [head, total], 0, "keep"), 0)
+        return heads
 
 def rewrite(graph: Graph, assignment: Any, ordered: bool = False) -> RewriteResult:
     """The partitioned graph (MXNet JSON) and its variables; see the module docstring.

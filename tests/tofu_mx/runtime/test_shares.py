@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import mxnet as mx
+import numpy as np
 import pytest
 
 import tofu_mx
@@ -300,3 +301,41 @@ def test_fcn_padded_by_100_partitions_and_verifies(k):
     ptd, report = partition_and_verify(fcn_head(), k, data=(1, 3, 16, 16), label=(1, 16, 16))
     assert report.ok, report
     assert not ptd.fallbacks
+
+
+def partly_read_offsets():
+    """YOLOv3's output layer: a constant grid of offsets (rows for a 32 x 32 map) cut down to
+    the feature map's size by ``slice_like``, so most of its rows are never read."""
+    from mxnet import gluon
+
+    class Output(gluon.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            with self.name_scope():
+                self.conv = gluon.nn.Conv2D(6, 1, in_channels=3)
+                grid = np.tile(np.arange(32.0)[:, None], (1, 32)).reshape(1, 1, 32, 32)
+                self.offset = self.params.get_constant("offset_0", grid)
+
+        def hybrid_forward(self, F, x, offset):
+            return F.broadcast_add(self.conv(x), F.slice_like(offset, x * 0, axes=(2, 3)))
+    block = Output()
+    block.initialize()
+    block.cast("float64")
+    block.hybridize()
+    out = block(mx.sym.var("data"))
+    return mx.sym.MakeLoss(mx.sym.sum(out * out)), block
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_a_variable_read_in_part_keeps_every_cell(k):
+    """Seen: 'internal: no operator reads ..._offset_0 in [...]' for every cell of the
+    offsets past the map's rows. Every cell is now a variable of the partitioned graph: its
+    values survive the split and the merge, and the graph verifies."""
+    sym, block = partly_read_offsets()
+    ptd, report = partition_and_verify(sym, k, data=(2, 3, 5, 6))
+    assert report.ok, report
+    assert not ptd.fallbacks and ptd.node_counts.get("keep", 0) > 0
+    name = block.offset.name
+    whole = block.offset.data().asnumpy()
+    back = ptd.merge_arrays(ptd.split_arrays({name: whole}))[name]
+    np.testing.assert_array_equal(back, whole)
