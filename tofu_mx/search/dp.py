@@ -37,7 +37,12 @@ _MIN_PLUS_ELEMENTS = 1 << 22    # the most elements a batch of min-plus products
 
 
 class SearchTooLargeError(TofuError):
-    """The DP's frontier holds more states than allowed."""
+    """The DP's frontier holds more states than allowed; ``frontier``: the names of the
+    nodes it held where it overflowed (the node being taken last)."""
+
+    def __init__(self, message: str, frontier: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.frontier = frontier
 
 
 @dataclass(frozen=True)
@@ -338,7 +343,7 @@ def _frontier_bounds(problem: Problem, schedule: _Schedule, max_states: int
             raise SearchTooLargeError(
                 f"the search state at {problem.names[v]!r} would hold "
                 f"{states.sizes[states.size_at[v]]:,} states (frontier {names}), over "
-                f"max_states={max_states:,}")
+                f"max_states={max_states:,}", tuple(names))
     return states.widest, states.most
 
 

@@ -30,11 +30,12 @@ def solve_brute_force(problem: Problem, limit: int = 2_000_000) -> Solution:
     return Solution(best, tuple(best_x), len(sizes), int(np.prod(sizes)))
 
 
-def solve_ilp(problem: Problem, time_limit: float = 60.0) -> tuple[Solution | None, float, str]:
-    """(solution or None, seconds, status). ``None`` when CBC proves nothing in time."""
-    start = time.perf_counter()
+def _model(problem: Problem, integral: bool) -> tuple[pulp.LpProblem, list]:
+    """The integer program of the module's docstring (``integral``), or its relaxation with
+    ``x`` in [0, 1]; and the ``x`` variables, per node."""
     model = pulp.LpProblem("tofu_cut", pulp.LpMinimize)
-    x = [[pulp.LpVariable(f"x_{v}_{c}", cat="Binary") for c in range(len(cs))]
+    x = [[pulp.LpVariable(f"x_{v}_{c}", cat="Binary") if integral else
+          pulp.LpVariable(f"x_{v}_{c}", lowBound=0, upBound=1) for c in range(len(cs))]
          for v, cs in enumerate(problem.choices)]
     objective = []
     for v, cost in enumerate(problem.unary):
@@ -50,6 +51,13 @@ def solve_ilp(problem: Problem, time_limit: float = 60.0) -> tuple[Solution | No
         objective += [float(m[a, b]) * y[a][b] for a in range(m.shape[0])
                       for b in range(m.shape[1]) if m[a, b]]
     model += pulp.lpSum(objective)
+    return model, x
+
+
+def solve_ilp(problem: Problem, time_limit: float = 60.0) -> tuple[Solution | None, float, str]:
+    """(solution or None, seconds, status). ``None`` when CBC proves nothing in time."""
+    start = time.perf_counter()
+    model, x = _model(problem, integral=True)
     status = model.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit))
     seconds = time.perf_counter() - start
     name = pulp.LpStatus[status]
@@ -57,3 +65,16 @@ def solve_ilp(problem: Problem, time_limit: float = 60.0) -> tuple[Solution | No
         return None, seconds, name
     assignment = tuple(int(np.argmax([pulp.value(var) or 0 for var in xs])) for xs in x)
     return Solution(problem.cost(assignment), assignment, 0, 0), seconds, name
+
+
+def lp_relaxation(problem: Problem, time_limit: float = 60.0
+                  ) -> tuple[float, list[np.ndarray]] | None:
+    """The integer program's linear relaxation (``x`` in [0, 1]): its optimum, a lower bound
+    on every solution's cost, and each node's ``x`` per choice; None where CBC does not solve
+    it in time."""
+    model, x = _model(problem, integral=False)
+    status = model.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit))
+    if pulp.LpStatus[status] != "Optimal":
+        return None
+    return (float(pulp.value(model.objective) or 0.0),
+            [np.array([pulp.value(var) or 0.0 for var in xs]) for xs in x])

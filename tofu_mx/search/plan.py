@@ -33,7 +33,8 @@ from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.cut import Cut, CutProblem, View, next_view
-from tofu_mx.search.dp import Solution, prime_factors, solve_dp
+from tofu_mx.search.bounded import Bounded, solve_bounded
+from tofu_mx.search.dp import SearchTooLargeError, Solution, prime_factors, solve_dp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.search.problem import by_first_appearance, distinct_rows
 from tofu_mx.search.structure import GraphStructure, itemsize_of
@@ -119,6 +120,12 @@ class Level:
     problem_nodes: int          # nodes of the coarsened search problem
     max_frontier: int
     max_states: int
+    #: nodes fixed before the exact DP because its state would not fit in max_states
+    #: (:mod:`tofu_mx.search.bounded`); 0: the cut is the exact optimum
+    fixed: int = 0
+    #: with ``fixed``, at most this far above the optimum ((cost - LP bound) / cost; None: the
+    #: bound was not computed)
+    gap: float | None = None
 
     @property
     def bytes(self) -> float:
@@ -219,6 +226,9 @@ class Plan:
         d["ops"] = [dict(x, strategies=[str(s) for s in o.strategies])
                     for x, o in zip(d["ops"], self.ops)]
         d["opaque"] = [[o.name, o.op, o.reason] for o in self.opaque]
+        for level in d["levels"]:      # an exact cut's record stays as it always was
+            if not level["fixed"]:
+                del level["fixed"], level["gap"]
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @staticmethod
@@ -278,6 +288,12 @@ class Plan:
                          f"{format_bytes(lv.bytes_per_group)} each, {format_bytes(lv.bytes)} in all "
                          f"(search: {lv.problem_nodes} nodes, frontier <= {lv.max_frontier}, "
                          f"<= {lv.max_states} states)")
+            if lv.fixed:
+                gap = ("gap unknown" if lv.gap is None else "its cost equals the LP "
+                       "relaxation's bound: optimal all the same" if lv.gap == 0 else
+                       f"at most {lv.gap:.1%} above the optimum, by the LP relaxation's bound")
+                lines.append(f"    not the exact optimum: the exact search would not fit in "
+                             f"max_states, so {lv.fixed} node(s) were fixed first ({gap})")
         if self.coarsening:
             c = self.coarsening
             lines.append(f"  coarsening: {c['operators']} operators -> {c['groups']} groups "
@@ -316,8 +332,8 @@ def _check_types(plan: Plan) -> None:
     ints([plan.num_devices], "num_devices")
     ints(plan.factors, "factors")
     for lv in plan.levels:
-        ints([lv.parts, lv.groups, lv.problem_nodes, lv.max_frontier, lv.max_states],
-             "level counts")
+        ints([lv.parts, lv.groups, lv.problem_nodes, lv.max_frontier, lv.max_states,
+              lv.fixed], "level counts")
     for t in plan.tensors:
         strings([t.name, t.kind, t.dtype], f"tensor {t.name!r} fields")
         ints(t.shape + t.shard, f"tensor {t.name!r} shape and shard")
@@ -484,6 +500,7 @@ class _LevelResult:
     solution: Solution
     members: Mapping      # op index -> (strategy, stored layouts)
     var_layout: Mapping   # variable index -> layout
+    bounded: Bounded | None = None    # how the solution was found, where the DP did not fit
 
 
 def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
@@ -495,17 +512,22 @@ def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
               refetch=options.refetch, structure=structure, kept_tensors=kept_tensors)
     problem = cut.problem()
     progress = _progress_bar(len(problem.problem.names), options, f"{parts}-way cut")
+    bounded = None
     try:
         if choose is None:
-            solution = solve_dp(problem.problem, options.max_states,
-                                progress.update if progress else None)
+            try:
+                solution = solve_dp(problem.problem, options.max_states,
+                                    progress.update if progress else None)
+            except SearchTooLargeError:
+                bounded = solve_bounded(problem.problem, options.max_states)
+                solution = bounded.solution
         else:
             solution = choose(cut, problem)
     finally:
         if progress is not None:
             progress.close()
     return _LevelResult(cut, problem, solution, problem.members(solution.assignment),
-                        problem.var_layouts(solution.assignment))
+                        problem.var_layouts(solution.assignment), bounded)
 
 
 def _progress_bar(total: int, options: SearchOptions, what: str):
@@ -896,7 +918,8 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
     (:func:`_small_weights`), holding at most ``used`` bytes of the keep budget."""
     tensors, op_plans = _tensor_and_op_plans(graph, results, shared.structure)
     levels = tuple(Level(p, math.prod(order[:k]), _bytes_moved(r), len(r.problem.slots),
-                         r.solution.max_frontier, r.solution.max_states)
+                         r.solution.max_frontier, r.solution.max_states,
+                         *((len(r.bounded.fixed), r.bounded.gap) if r.bounded else ()))
                    for k, (p, r) in enumerate(zip(order, results)))
     coarsening = {}
     if results:
