@@ -14,6 +14,7 @@ $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[cpu,test]'
+	$(PY) -m pip install --quiet --no-deps 'gluoncv==0.10.5.post0'
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -31,8 +31,11 @@ setup(
         # gluonnlp 0.10 supplies models nobody on this project wrote (BERT, Transformer, LMs);
         # scikit-learn and scipy: tests/examples runs the example scripts; pytest-xdist
         # runs the suite in two processes (`make test`)
+        # GluonCV 0.10.5's model zoo: installed by `make test` without its dependencies (its
+        # own pins pull a numpy that breaks MXNet); these are what it needs at import
         "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5", "gluonnlp==0.10.0",
-                 "scikit-learn>=1.2,<1.4", "scipy>=1.9,<1.12"],
+                 "scikit-learn>=1.2,<1.4", "scipy>=1.9,<1.12", "matplotlib>=3.6,<3.8",
+                 "opencv-python-headless>=4.5,<4.9", "autocfg", "yacs", "portalocker"],
     },
     entry_points={"console_scripts": ["tofu-mx=tofu_mx.cli:main"]},
 )

@@ -388,3 +388,41 @@ def test_mkldnn_warning_when_enabled(cpus, monkeypatch):
         pytest.skip("this MXNet build has no MKLDNN")
     with pytest.warns(RuntimeWarning, match="MXNET_MKLDNN_ENABLED=0"):
         warn_if_mkldnn_across_cpus(cpus(2))
+
+
+def logistic(steps, form="product", wrong=0.0):
+    """``steps`` of the logistic map y <- 4 y (1 - y) from the input (in (0, 1)): doubles an
+    error at every step, so one ulp of the input grows to about 2**steps ulps. ``form``
+    ``"expanded"``: the same map as 4y - 4y^2 (other roundings, the same function)."""
+    y = mx.sym.var("data")
+    for _ in range(steps):
+        y = 4 * y * (1 - y) if form == "product" else 4 * y - 4 * mx.sym.square(y)
+    return mx.sym.MakeLoss(y + wrong)
+
+
+CHAOS_START = {"data": np.random.default_rng(5).uniform(0.1, 0.9, (8, 8))}
+
+
+def test_a_chaotic_float64_graph_is_judged_by_its_measured_sensitivity(cpus):
+    """Rounded otherwise, the map differs from the reference by more than the tolerance after
+    36 steps, and so does the reference on inputs one ulp away: the report says so and passes."""
+    report = tofu_mx.verify(logistic(36), logistic(36, "expanded"), cpus(1),
+                            dtypes={"data": "float64"}, data=(8, 8), arrays=CHAOS_START)
+    assert report.ok and report.sensitive and "chaotic" in report.diagnosis
+    for name in report.sensitive:       # each failed the plain comparison (that is why)
+        c = report[name]
+        assert 0 < c.max_abs_err <= 4 * c.rounding_abs_err
+
+
+def test_a_wrong_candidate_of_a_chaotic_graph_still_fails(cpus):
+    with pytest.raises(tofu_mx.VerificationError, match="differs from the reference"):
+        tofu_mx.verify(logistic(36), logistic(36, "expanded", wrong=0.5), cpus(1),
+                       dtypes={"data": "float64"}, data=(8, 8), arrays=CHAOS_START)
+
+
+def test_a_well_conditioned_float64_graph_is_not_excused(cpus):
+    """One ulp moves a plain MLP by about one ulp: nothing is excused."""
+    with pytest.raises(tofu_mx.VerificationError) as info:
+        tofu_mx.verify(mlp(), mlp(placed=True, relu_on_dev1="softrelu"), cpus(2),
+                       dtypes={"data": "float64", "softmax_label": "float64"}, **SHAPES)
+    assert not info.value.report.sensitive
