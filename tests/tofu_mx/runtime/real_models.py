@@ -1,6 +1,8 @@
 """Models nobody on this project wrote, as their users build them: GluonNLP 0.10's BERT,
 Transformer encoder and language model, Gluon's RNN layers and unrolled cells, MXNet's legacy
-``mx.rnn`` cells, and a model-zoo net exported and loaded back. Each builder returns
+``mx.rnn`` cells, a model-zoo net exported and loaded back, the layer stacks of MXNet's LSTNet
+and LipNet examples, and a Gluon block called at two places (GluonCV's zoo:
+``gluoncv_models.py``). Each builder returns
 ``(symbol, shapes, arrays, dtype)``: the graph, its input shapes, realistic values for the
 inputs that need them (lengths, positions), and its dtype: float64, except BERT, whose
 interleaved attention kernels run only in float32 on CPU, and the fused RNN layers run as users
@@ -158,8 +160,71 @@ def block_called_twice():
     return _loss([out]), {"data": (3, 4, 5, 5)}, {}, "float64"
 
 
+def lstnet():
+    """The shape of MXNet's LSTNet example (multivariate time series): a convolution over
+    time across every series, ``mx.rnn`` GRU cells unrolled over its output, a skip GRU over
+    every p-th step, an autoregressive linear part over the last steps, regressed with
+    LinearRegressionOutput on a label of every series (its gradient divides by the series)."""
+    series, steps, window, skip = 5, 12, 3, 2
+    x = mx.sym.var("data")                                       # (batch, steps, series)
+    conv = mx.sym.Convolution(mx.sym.reshape(x, shape=(0, 1, steps, series)), num_filter=6,
+                              kernel=(window, series), name="cnn")
+    conv = mx.sym.Activation(mx.sym.Pad(conv, mode="constant", pad_width=(0, 0, 0, 0, 2, 0, 0, 0)),
+                             act_type="relu")
+    frames = steps - window + 3
+    seq = mx.sym.transpose(mx.sym.reshape(conv, shape=(0, 6, frames)), axes=(0, 2, 1))
+    batch = 2          # fewer samples than devices: the series axis gets split too
+    gru = mx.rnn.GRUCell(8, prefix="gru_")
+    _, last = gru.unroll(frames, seq, layout="NTC", merge_outputs=False,
+                         begin_state=gru.begin_state(func=mx.sym.zeros, dtype="float64",
+                                                     shape=(batch, 8)))
+    picked = mx.sym.slice_axis(seq, axis=1, begin=frames - skip * 3, end=frames)
+    skipped = mx.sym.reshape(mx.sym.transpose(mx.sym.reshape(picked, shape=(0, 3, skip, 6)),
+                                              axes=(0, 2, 1, 3)), shape=(-1, 3, 6))
+    skip_gru = mx.rnn.GRUCell(4, prefix="skip_gru_")
+    _, skip_last = skip_gru.unroll(3, skipped, layout="NTC", merge_outputs=False,
+                                   begin_state=skip_gru.begin_state(
+                                       func=mx.sym.zeros, dtype="float64",
+                                       shape=(batch * skip, 4)))
+    skip_out = mx.sym.reshape(skip_last[0], shape=(-1, skip * 4))
+    neural = mx.sym.FullyConnected(mx.sym.concat(last[0], skip_out, dim=1), num_hidden=series,
+                                   name="fc")
+    recent = mx.sym.slice_axis(x, axis=1, begin=steps - 4, end=steps)
+    ar = mx.sym.FullyConnected(mx.sym.reshape(mx.sym.transpose(recent, axes=(0, 2, 1)),
+                                              shape=(-3, 4)), num_hidden=1, name="ar")
+    pred = neural + mx.sym.reshape(ar, shape=(-1, series))
+    out = mx.sym.LinearRegressionOutput(pred, mx.sym.var("label"), name="lro")
+    return out, {"data": (batch, steps, series), "label": (batch, series)}, {}, "float64"
+
+
+def lipnet_float32():
+    """The shape of MXNet's Gluon LipNet example: Conv3D over frames, InstanceNorm, 3-D
+    pooling, a bidirectional fused GRU over time (float32, as the example trains: MXNet's
+    InstanceNorm has no float64), a dense layer per frame and a softmax over characters per
+    frame."""
+    from mxnet.gluon import nn, rnn
+
+    class LipNet(gluon.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            with self.name_scope():
+                self.conv = nn.Conv3D(4, kernel_size=(3, 3, 3), padding=(1, 1, 1),
+                                      in_channels=3)
+                self.norm = nn.InstanceNorm(in_channels=4)
+                self.pool = nn.MaxPool3D(pool_size=(1, 2, 2), strides=(1, 2, 2))
+                self.gru = rnn.GRU(8, bidirectional=True, input_size=4 * 3 * 4)
+                self.dense = nn.Dense(7, flatten=False, in_units=16)
+
+        def hybrid_forward(self, F, x):
+            h = self.pool(F.relu(self.norm(self.conv(x))))        # (B, C, T, H, W)
+            h = F.reshape(F.transpose(h, axes=(2, 0, 1, 3, 4)), shape=(0, 0, -1))
+            return F.softmax(self.dense(self.gru(h)), axis=-1)
+    out = _symbol(LipNet(), mx.sym.var("data"), dtype="float32")
+    return _loss([out]), {"data": (3, 3, 5, 6, 8)}, {}, "float32"
+
+
 #: float32 models MXNet cannot run in float64 (no float64 oracle for them)
-FLOAT32_ONLY = {"bert"}
+FLOAT32_ONLY = {"bert", "lipnet_float32"}     # interleaved attention, InstanceNorm
 
 MODELS = {"bert": bert, "transformer_encoder": transformer_encoder,
           "language_model": language_model, "gluon_lstm": lambda: gluon_rnn_layer("lstm"),
@@ -167,5 +232,6 @@ MODELS = {"bert": bert, "transformer_encoder": transformer_encoder,
           "gluon_lstm_float32": lambda: gluon_rnn_layer("lstm", "float32"),
           "gluon_bilstm_float32": lambda: gluon_bidirectional_float32("lstm"),
           "gluon_bigru_float32": lambda: gluon_bidirectional_float32("gru"),
-          "gluon_lstm_cell": gluon_lstm_cell_unrolled, "block_called_twice": block_called_twice, "mx_rnn_cells": legacy_rnn_cells,
+          "gluon_lstm_cell": gluon_lstm_cell_unrolled, "block_called_twice": block_called_twice,
+          "lstnet": lstnet, "lipnet_float32": lipnet_float32, "mx_rnn_cells": legacy_rnn_cells,
           "exported_resnet18": exported_zoo_net}
