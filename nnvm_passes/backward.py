@@ -43,7 +43,7 @@ _SHAPE_ONLY = {"_identity_with_attr_like_rhs": {1}, "zeros_like": {0}, "ones_lik
 class _Gradient:
     inputs: frozenset[int]      # input positions the gradient reads
     outputs: frozenset[int]     # output positions the gradient reads
-    passes_through: bool        # some input's gradient is the output's gradient itself
+    passes_through: bool        # some input's gradient is made where the output's is summed
 
 
 def _gradient(node: Node, graph: Graph) -> _Gradient:
@@ -86,8 +86,11 @@ def backward_reads(node: Node, graph: Graph) -> tuple[frozenset[int], frozenset[
 
 
 def passes_gradient_through(node: Node, graph: Graph) -> bool:
-    """Whether some input's gradient is ``node``'s output gradient itself, with no gradient
-    node of ``node``'s own between them (``elemwise_add``, ``add_n``). True when unknown."""
+    """Whether some input's gradient is made on the device where ``node``'s output gradient
+    is summed, not on ``node``'s: the output gradient itself, with no gradient node of
+    ``node``'s own between them (``elemwise_add``, ``add_n``), or made by operators MXNet
+    places with their inputs (``transpose``, whose gradient is a ``transpose``; only
+    ``_backward_*`` operators are placed with their forward node). True when unknown."""
     return _gradient(node, graph).passes_through
 
 
@@ -125,6 +128,7 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int)
     passes = any(not name.startswith("op") for name in grads)
     ins, outs = set(), set()
     forward_done = False
+    gradient_ops = []
     for section in text.split("--------------------"):
         head = _OP.search(section)
         if head is None:
@@ -132,6 +136,8 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int)
         if head.group(2) == "op":
             forward_done = True
             continue
+        if forward_done and head.group(1) not in _SHAPE_ONLY:
+            gradient_ops.append(head.group(1))
         ignored = _SHAPE_ONLY.get(head.group(1), set())
         for line in section.splitlines():
             m = _REF.match(line)
@@ -142,7 +148,11 @@ def _derive(op: str, attrs: tuple, shapes: tuple, dtypes: tuple, n_outputs: int)
                 outs.add(index)
             elif re.fullmatch(r"in\d+", name):
                 ins.add(int(name[2:]))
-    return _Gradient(frozenset(ins), frozenset(outs), passes)
+    # MXNet places a backward operator (``_backward_*``) with its forward node, any other
+    # operator with its inputs: a gradient made only of those (transpose's is a transpose)
+    # is made wherever the output's gradient was summed, as a handed-on gradient is
+    follows = bool(gradient_ops) and not any("backward" in op for op in gradient_ops)
+    return _Gradient(frozenset(ins), frozenset(outs), passes or follows)
 
 
 def _gradient_graph_text(sym: mx.sym.Symbol, shapes: dict, types: dict, req: dict) -> str | None:

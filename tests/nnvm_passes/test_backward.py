@@ -167,3 +167,27 @@ def test_the_probe_binds_without_touching_its_arrays():
     mx.nd.waitall()
     assert found.inputs == frozenset({0, 1})
     assert status_mib("VmHWM") - before < 64
+
+
+@pytest.mark.parametrize("op, follows", [("transpose", True), ("negative", True),
+                                         ("sin", False), ("Flatten", False)])
+def test_a_gradient_made_by_operators_placed_with_their_inputs_follows_the_sum(op, follows):
+    """transpose's gradient is a transpose, which MXNet places with its input (the summed
+    output gradient), not with the forward node as it places ``_backward_*`` operators."""
+    x = mx.sym.var("x")
+    y = getattr(mx.sym, op)(x, name="y")
+    g = import_symbol(y * x, x=(3, 3))
+    assert passes_gradient_through(g.node("y"), g) is follows
+
+
+@pytest.mark.parametrize("k", [2, 3, 6])
+def test_a_transposed_input_read_across_devices_binds(k):
+    """Seen by the Gluon fuzzer (a TNC RNN after a transpose of the data, k = 6): the
+    transpose's gradient was made on the reader's device, away from the data's."""
+    from tests.tofu_mx.runtime.helpers import partition_and_verify
+    t = mx.sym.transpose(mx.sym.var("data"), axes=(1, 0, 2), name="tr")
+    y = mx.sym.RNN(t, mx.sym.var("rnn_params"), mx.sym.var("state0"), state_size=5,
+                   num_layers=1, mode="gru", name="rnn")
+    ptd, report = partition_and_verify(mx.sym.MakeLoss(mx.sym.sum(mx.sym.square(y))), k,
+                                       data=(3, 7, 7), state0=(1, 3, 5))
+    assert report.ok and not ptd.fallbacks
