@@ -92,7 +92,7 @@ def _arange_like_shard(attrs, ctx):
     repeat = int(attrs.get("repeat", 1))
     box, shape = ctx.outputs[0], ctx.output_shapes[0]
     wide = [a for a, (lo, hi) in enumerate(box) if lo != hi]
-    if any(box[a] != (0, shape[a] - 1) for a in wide[1:]):
+    if wide and any(box[a] != (0, shape[a] - 1) for a in range(wide[0] + 1, len(shape))):
         return None
     offset = sum(lo * s for (lo, _), s in zip(box, _strides(shape)))
     if offset % repeat:

@@ -215,7 +215,14 @@ def _packed(p, q):
     return lift(p) * (lift(p) + 1.0) / 2.0 + lift(q)
 
 
-@op("_linalg_extracttrian", examples=[({}, [(3, 3)]), ({"lower": False}, [(2, 3, 3)]),
+def _whole_triangle(attrs, ctx):
+    """A share extracts whole triangles (of some matrices of the batch): a sub-block of a
+    matrix packs another triangle."""
+    box, shape = ctx.outputs[0], ctx.output_shapes[0]
+    return Shard() if box[-1] == (0, shape[-1] - 1) else None
+
+
+@op("_linalg_extracttrian", shard=_whole_triangle, examples=[({}, [(3, 3)]), ({"lower": False}, [(2, 3, 3)]),
                                       ({"offset": 1}, [(2, 4, 4)]),
                                       ({"offset": -1}, [(4, 4)])])
 def linalg_extracttrian(attrs, A):

@@ -282,11 +282,12 @@ def _interpolate(read, v, size, out_size, align_corners):
 
 
 def _resize_shard(attrs, ctx):
-    """A share's weights depend on the whole input's size: only batch and channel splits."""
+    """A share's weights depend on the whole input's size: only batch and channel splits,
+    reading every row and column (shrinking without aligned corners skips the edge ones)."""
     out = ctx.outputs[0]
     if any(out[a] != (0, ctx.output_shapes[0][a] - 1) for a in (2, 3)):
         return None
-    return Shard()
+    return Shard(whole={0: (2, 3)})
 
 
 @op("_contrib_BilinearResize2D", shard=_resize_shard, examples=[
@@ -294,6 +295,7 @@ def _resize_shard(attrs, ctx):
     ({"height": 2, "width": 3}, [(1, 2, 5, 7)]),
     ({"height": 6, "width": 5, "align_corners": False}, [(2, 2, 3, 4)]),
     ({"height": 3, "width": 2, "align_corners": False}, [(1, 2, 7, 5)]),
+    ({"height": 3, "width": 3, "align_corners": False}, [(1, 3, 9, 7)]),
     ({"scale_height": 2.0, "scale_width": 1.5}, [(1, 2, 3, 4)]),
     ({"scale_height": 0.5, "scale_width": 2.0, "align_corners": False}, [(1, 2, 6, 3)]),
     ({"height": 1, "width": 4}, [(1, 1, 3, 4)]),

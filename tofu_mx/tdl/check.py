@@ -17,6 +17,7 @@ import numpy as np
 
 from nnvm_passes.exporter import export_symbol
 from nnvm_passes.ir import Entry, FrozenDict
+from tofu_mx.errors import TofuError
 from tofu_mx.tdl.interpret import evaluate
 from tofu_mx.tdl.registry import (Attrs, Description, Example, example_graph, single_op_symbol,
                                   trace)
@@ -146,4 +147,112 @@ def check_loss_gradients(desc: Description, example: Example, parts: int,
             err = float(np.max(np.abs(mine - theirs))) if mine.size else 0.0
             results.append(GradientCheck(desc.op, example, strategy.name, p, err,
                                          bool(np.allclose(mine, theirs, rtol=1e-9, atol=1e-12))))
+    return results
+
+
+@dataclass(frozen=True)
+class ShareCheck:
+    """One share of an operator run as the operator on its inputs' boxes, against the
+    whole operator's outputs there (a partial share: the parts combined)."""
+
+    op: str
+    example: Example
+    strategy: str
+    max_abs_err: float
+    ok: bool
+
+    def __str__(self) -> str:
+        status = "ok" if self.ok else "MISMATCH"
+        return (f"{self.op} {dict(self.example.attrs)} {list(self.example.shapes)} "
+                f"{self.strategy}: {status} (max abs err {self.max_abs_err:.3g})")
+
+
+def _forward(op: str, attrs: Mapping[str, str], values: list[np.ndarray], n_out: int,
+             train: bool) -> list[np.ndarray]:
+    sym = single_op_symbol(op, attrs, len(values), n_out)
+    args = {f"in{i}": mx.nd.array(v, dtype=v.dtype) for i, v in enumerate(values)}
+    names = sym.list_arguments()
+    aux = {n: args.pop(n) for n in list(args) if n not in names}
+    exe = sym.bind(mx.cpu(), {n: args[n] for n in names}, aux_states=aux or None)
+    return [o.asnumpy() for o in exe.forward(is_train=train)]
+
+
+def _read(value: np.ndarray, box, pad: float | None) -> np.ndarray:
+    """``value`` in ``box`` (inclusive), ``pad`` outside its bounds."""
+    shape = tuple(hi - lo + 1 for lo, hi in box)
+    out = np.full(shape, 0.0 if pad is None else pad, dtype=value.dtype)
+    src, dst = [], []
+    for (lo, hi), n in zip(box, value.shape):
+        a, b = max(lo, 0), min(hi, n - 1)
+        if a > b:
+            return out
+        src.append(slice(a, b + 1))
+        dst.append(slice(a - lo, b - lo + 1))
+    out[tuple(dst)] = value[tuple(src)]
+    return out
+
+
+def check_shares(desc: Description, example: Example, parts: int,
+                 seed: int = 0) -> list[ShareCheck]:
+    """Run every share that the search may give one device of ``desc``'s operator (each
+    strategy cut into ``parts``, as :func:`~tofu_mx.tdl.shares.resolve` runs it: its
+    attributes, its inputs' boxes, padding materialised) through MXNet's kernel, in float64,
+    and compare its outputs with the whole operator's over its boxes; a partition-n-reduce's
+    parts are combined first. A share the hook refuses is not offered, so not checked."""
+    from tofu_mx.tdl.analysis import pad_values, part_interval, strategies, work_regions
+    from tofu_mx.tdl.shares import resolve
+    mx_op = desc.op.partition(":")[0]
+    wide = dataclasses.replace(example, dtypes=FrozenDict(
+        {i: "float64" for i in range(len(example.shapes))}))
+    rtol, atol = 1e-7, 1e-9
+    try:
+        graph = example_graph(mx_op, wide)
+        values = random_inputs(graph, seed)
+        node = graph.nodes[-1]
+        inputs = [values[graph.nodes[e.node].name] for e in node.inputs]
+        n_out = len(node.outputs)
+        _forward(mx_op, example.attrs, inputs, n_out, desc.train)
+    except (TofuError, mx.base.MXNetError):     # no float64 kernel: the example's dtypes
+        graph, rtol, atol = example_graph(mx_op, example), desc.rtol, desc.atol
+        values = random_inputs(graph, seed)
+        node = graph.nodes[-1]
+        inputs = [values[graph.nodes[e.node].name] for e in node.inputs]
+    attrs = FrozenDict(example.attrs)
+    traced = trace(desc, Attrs(attrs), [graph.tensor(e).shape for e in node.inputs],
+                   [t.shape for t in node.outputs])
+    n_out = len(traced.outputs)
+    whole = _forward(mx_op, example.attrs, inputs, n_out, desc.train)
+    pads = pad_values(traced)
+    combine = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+    results = []
+    for strategy in strategies(traced, parts):
+        found, total = [], None
+        for p in range(parts):
+            reduced = [strategy.var] if strategy.kind == "reduce" else []
+            work = work_regions(traced, {strategy.var: part_interval(strategy.extent, parts, p)},
+                                reduced, reduced if p else [])
+            run = resolve(desc, mx_op, attrs, traced, work)
+            if isinstance(run, str) or run.shard.views is not None:
+                found = None
+                break
+            pieces = [_read(v, box, pad) for v, box, pad in zip(inputs, run.inputs, pads)
+                      if box is not None]
+            outs = _forward(mx_op, run.attrs, pieces, n_out, desc.train)
+            if run.shard.scale is not None:
+                outs = [o * run.shard.scale for o in outs]
+            if work.partial is not None:
+                total = outs if total is None else [combine[work.partial](t, o)
+                                                    for t, o in zip(total, outs)]
+                continue
+            for o, box, w in zip(outs, work.outputs, whole):
+                found.append((o, w[tuple(slice(lo, hi + 1) for lo, hi in box)]))
+        if found is None:
+            continue
+        if total is not None:
+            found = list(zip(total, whole))
+        errs = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in found]
+        ok = all(a.shape == b.shape and np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+                 for a, b in found)
+        results.append(ShareCheck(desc.op, example, f"{strategy.name} in {parts}",
+                                  max(errs, default=0.0), ok))
     return results

@@ -106,7 +106,8 @@ class ShardContext:
 @dataclass(frozen=True)
 class Shard:
     """How to run one share: attribute overrides, inputs to read in their unclipped window
-    (``padded[input] = axes``: the rewrite materialises the pad values there), and a factor
+    (``padded[input] = axes``: the rewrite materialises the pad values there) or over whole
+    axes (``whole``), and a factor
     to multiply the outputs by (a mean's partial sum). ``views``: the share runs no operator,
     its output ``j`` is input 0's region ``views[j]`` (a box), cut and joined by the rewrite
     (a SliceChannel share holding parts of several pieces)."""
@@ -115,6 +116,10 @@ class Shard:
     padded: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     scale: float | None = None
     views: tuple | None = None
+    #: ``whole[input] = axes``: the share reads those axes of the input over their whole
+    #: extent, beyond what it uses (a kernel whose weights follow the input's size: a resize
+    #: skipping the edge rows when it shrinks)
+    whole: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

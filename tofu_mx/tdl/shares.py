@@ -67,6 +67,9 @@ def resolve(entry: Description, op: str, attrs: FrozenDict, traced: Traced,
             # read only in its padding (no box): the window, materialised, is all it reads
             box = window if box is None else \
                 tuple(window[a] if a in shard.padded[j] else box[a] for a in range(len(box)))
+        if box is not None and j in shard.whole:
+            box = tuple((0, in_shapes[j][a] - 1) if a in shard.whole[j] else box[a]
+                        for a in range(len(box)))
         boxes.append(box)
     merged = dict(attrs)
     merged.update({name: format_attr_value(v) for name, v in shard.attrs.items()})

@@ -4,7 +4,8 @@ import pytest
 
 import tofu_mx.ops  # noqa: F401
 from tofu_mx.tdl import Sum, lam, registered
-from tofu_mx.tdl.check import check_description, check_example, check_loss_gradients
+from tofu_mx.tdl.check import (check_description, check_example, check_loss_gradients,
+                               check_shares)
 from tofu_mx.tdl.registry import Description, lookup
 
 CASES = [(name, k) for name, d in sorted(registered().items()) if isinstance(d, Description)
@@ -84,3 +85,29 @@ def test_every_loss_head_has_examples_that_split_off_the_batch():
         desc = registered()[name]
         splits = {r.strategy for ex in desc.examples for r in check_loss_gradients(desc, ex, 2)}
         assert splits - {"split i0"}, name
+
+
+@pytest.mark.parametrize("name, k", CASES, ids=[f"{n}-{k}" for n, k in CASES])
+def test_every_share_computes_the_whole_operator_there(name, k):
+    """Each share the search may run (every strategy in 2 and 3 parts), run through MXNet's
+    kernel as the rewrite runs it, gives the whole operator's outputs over its boxes."""
+    desc = registered()[name]
+    results = [r for parts in (2, 3) for r in check_shares(desc, desc.examples[k], parts)]
+    assert all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+def test_the_share_check_fails_on_a_hook_that_forgets_the_input_size():
+    """BilinearResize2D shrinking 9 rows to 3 without aligned corners never reads rows 0, 3
+    and 6: a share given only the rows it reads resizes another image (seen by the Gluon
+    fuzzer). Its hook reads every row; without that the check fails."""
+    import dataclasses
+
+    from tofu_mx.tdl import Shard
+
+    def forgetful(attrs, ctx):
+        out = ctx.outputs[0]
+        return Shard() if all(out[a] == (0, ctx.output_shapes[0][a] - 1) for a in (2, 3)) \
+            else None
+    desc = dataclasses.replace(registered()["_contrib_BilinearResize2D"], shard=forgetful)
+    bad = [r for ex in desc.examples for r in check_shares(desc, ex, 2) if not r.ok]
+    assert bad and "MISMATCH" in str(bad[0])
