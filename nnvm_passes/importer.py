@@ -47,14 +47,16 @@ def check_symbol(symbol: Any, what: str = "symbol") -> mx.sym.Symbol:
     return symbol
 
 
-def symbol_json(symbol: mx.sym.Symbol) -> str:
+def symbol_json(symbol: mx.sym.Symbol, keep_amp_casts: bool = False) -> str:
     """``symbol.tojson()``, without its leak: MXNet 1.9.1's ``tojson()`` saves a copy of the
     graph with its ``amp_cast`` nodes removed and never frees that copy (apache/mxnet#19574),
     about 2.3 times the JSON's size per call. Here a Symbol owns the copy and frees it; a
     graph with no ``amp_cast`` or ``amp_multicast`` node, which that pass leaves as it is,
-    is saved directly (copying it took a third of importing 100,000 operators)."""
+    is saved directly (copying it took a third of importing 100,000 operators).
+    ``keep_amp_casts``: the graph as it computes, AMP's casts kept (without them a mixed
+    precision graph's float16 weights meet float32 data)."""
     text = symbol.tojson(remove_amp_cast=False)
-    if "amp_cast" not in text and "amp_multicast" not in text:
+    if keep_amp_casts or "amp_cast" not in text and "amp_multicast" not in text:
         return text     # nothing to remove (the pass only unplugs those operators' nodes)
     handle = SymbolHandle()
     check_call(_LIB.MXSymbolRemoveAmpCast(symbol.handle, ctypes.byref(handle)))
@@ -611,7 +613,7 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
     # import). The data-input tests need no JSON: those of the inputs no name or aux state
     # decides begin while it is saved (a label the JSON shows may leave one unused).
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="tofu_mx-import") as pool:
-        text = pool.submit(symbol_json, symbol)
+        text = pool.submit(symbol_json, symbol, True)
         arg_names = symbol.list_arguments()
         aux_names = symbol.list_auxiliary_states()
         inputs = arg_names + aux_names

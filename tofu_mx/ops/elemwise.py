@@ -39,6 +39,18 @@ unary_op("square", lambda x: x * x)
 unary_op("_copy", lambda x: x)
 unary_op("BlockGrad", lambda x: x, gradient=False)
 unary_op("Cast", lambda x: x, examples=[({"dtype": "float32"}, _X), ({"dtype": "float64"}, _X)])
+# AMP's casts (mxnet.contrib.amp): amp_cast to its dtype (float inputs only), amp_multicast
+# every input to the widest float type among them (the narrowest with cast_narrow)
+unary_op("amp_cast", lambda x: x, examples=[({"dtype": "float16"}, _X),
+                                            ({"dtype": "float32"}, _X, {0: "float16"})])
+
+
+@op("amp_multicast", examples=[({"num_outputs": 2}, [(2, 3), (2, 3)], {0: "float16"}),
+                               ({"num_outputs": 3, "cast_narrow": True}, [(4,), (2, 2), (3,)],
+                                {1: "float16"})])
+def amp_multicast(attrs, *data):
+    """out_j = data_j, each in the common float type (each output its own variables)."""
+    return tuple(lam(d.ndim, lambda *i, d=d: d[i], prefix=f"o{j}_") for j, d in enumerate(data))
 # Training-mode Dropout multiplies by a random mask: still one element in, one out, so it
 # splits like any elementwise op. The check runs it in inference mode (the identity).
 unary_op("Dropout", lambda x: x, examples=[({"p": 0.5}, _X)], train=False, random=True,

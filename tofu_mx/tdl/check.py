@@ -70,6 +70,8 @@ def check_example(desc: Description, example: Example, seed: int = 0) -> CheckRe
         if theirs.shape != mine.shape:
             return CheckResult(desc.op, example, np.inf, False,
                                f"output {k} shape {mine.shape}, MXNet's {theirs.shape}")
+        if np.issubdtype(theirs.dtype, np.floating) and theirs.dtype.itemsize < 4:
+            mine = mine.astype(theirs.dtype).astype(np.float64)   # stored as the output is
         err = float(np.max(np.abs(theirs.astype(np.float64) - mine))) if mine.size else 0.0
         worst = max(worst, err)
         if not np.allclose(mine, theirs, rtol=desc.rtol, atol=desc.atol, equal_nan=True):
