@@ -112,6 +112,15 @@ class PartitionedSymbol:
             self._pending = None
         return exe
 
+    def check(self, batch: int | None = None, seed: int = 0):
+        """Check this partition on a small copy of the model: the same graph at a small
+        ``batch`` (default: twice the devices), the same strategies, on CPU devices, against
+        one device (:mod:`tofu_mx.runtime.selfcheck`, which says what it costs). Returns the
+        :class:`tofu_mx.VerificationReport`; :class:`tofu_mx.VerificationError` if it
+        differs."""
+        from tofu_mx.runtime.selfcheck import check_partition
+        return check_partition(self, batch, seed)
+
     # --- arrays: whole <-> shards -----------------------------------------------------------
     def split_arrays(self, arrays: Mapping[str, Any], kinds: Sequence[str] | None = None
                      ) -> dict[str, np.ndarray]:
@@ -366,7 +375,7 @@ def _check_operators(graph: Graph, plan: Plan, k: int, strict: bool) -> None:
 def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
               memory_budget=None, options: SearchOptions | None = None,
               dtypes: Mapping[str, Any] | None = None, strict: bool = False,
-              **shapes) -> PartitionedSymbol:
+              check: bool = False, **shapes) -> PartitionedSymbol:
     """Partition ``symbol`` over the devices ``ctx`` (any number, ``mx.cpu(i)`` or
     ``mx.gpu(i)``), for the input ``shapes`` given by name (``data=(32, 3, 224, 224)``).
 
@@ -382,7 +391,19 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     An operator with no TDL description runs whole on one device (listed in
     :attr:`PartitionedSymbol.fallbacks`, with one warning); ``strict=True`` refuses the graph
     instead (:class:`tofu_mx.UnsupportedOperatorError`). The caller's symbol is not modified.
+    ``check=True``: before returning, the partition is checked on a small copy of the model
+    (:meth:`PartitionedSymbol.check`), raising :class:`tofu_mx.VerificationError` if it
+    computes something else.
     """
+    check = arguments.flag(check, "check")
+    ptd = _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes)
+    if check:
+        ptd.check()
+    return ptd
+
+
+def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes
+               ) -> PartitionedSymbol:
     symbol = check_symbol(symbol, "symbol")
     contexts = check_contexts(ctx)
     options = SearchOptions.of(options)

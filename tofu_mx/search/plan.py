@@ -751,21 +751,22 @@ def _lowering_of(op: str, attrs: FrozenDict, _generation: int):
 
 
 def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
-               options: SearchOptions = SearchOptions(), choose=None) -> Plan:
-    """The cheapest plan over every order of the device count's prime factors; with a
-    ``memory_budget``, the cheapest of those that fit (else NoFeasiblePlanError, reporting
-    the smallest footprint found)."""
+               options: SearchOptions = SearchOptions(), choose=None,
+               factors: Sequence[int] | None = None) -> Plan:
+    """The cheapest plan over every order of the device count's prime factors (``factors``:
+    that order alone); with a ``memory_budget``, the cheapest of those that fit (else
+    NoFeasiblePlanError, reporting the smallest footprint found)."""
     with _collector_paused():
-        return _plan_graph(graph, num_devices, memory_budget, options, choose)
+        return _plan_graph(graph, num_devices, memory_budget, options, choose, factors)
 
 
 def _plan_graph(graph: Graph, num_devices: int, memory_budget, options: SearchOptions,
-                choose) -> Plan:
+                choose, factors=None) -> Plan:
     shared = _Shared.of(graph)
     ideal = ideal_memory(graph, shared.kept, options, num_devices) if choose is None else 0.0
     weights = _small_weights(graph, num_devices, options, shared, ideal) if choose is None \
         else (frozenset(), 0.0)
-    candidates = _candidates(graph, num_devices, options, choose, shared, weights)
+    candidates = _candidates(graph, num_devices, options, choose, shared, weights, factors)
     if memory_budget is None:
         if choose is None and not options.memory_weight and options.balance:
             return _balanced(graph, num_devices, candidates[0], options, shared, weights,
@@ -782,10 +783,12 @@ def _plan_graph(graph: Graph, num_devices: int, memory_budget, options: SearchOp
 
 
 def _candidates(graph: Graph, num_devices: int, options: SearchOptions, choose,
-                shared: "_Shared", small_weights: tuple[frozenset, float]) -> list[Plan]:
-    """The plan of every order of the device count's prime factors, fewest bytes first;
-    ``small_weights``: :func:`_small_weights`."""
-    orders = factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
+                shared: "_Shared", small_weights: tuple[frozenset, float],
+                factors: Sequence[int] | None = None) -> list[Plan]:
+    """The plan of every order of the device count's prime factors (or of ``factors``
+    alone), fewest bytes first; ``small_weights``: :func:`_small_weights`."""
+    orders = [tuple(factors)] if factors is not None else \
+        factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
     weights, used = small_weights
     return sorted((_assemble(graph, num_devices, order,
                              search_levels(graph, order, options, choose, shared.structure,
