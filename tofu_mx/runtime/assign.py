@@ -66,6 +66,8 @@ class OpAssignment:
     refetch: bool = False                # its converted inputs are fetched again, and it runs
     #                                      again, in the backward pass (Plan.refetch) ...
     kept: frozenset[int] = frozenset()   # ... but for these inputs', kept (Plan.kept)
+    unrunnable: bool = False             # a share the plan gives it cannot run: it runs
+    #                                      whole (``fallback``), or its last cuts replicated
 
 
 @dataclass(frozen=True)
@@ -202,14 +204,33 @@ def _assign_op(graph: Graph, i: int, strategies: Sequence[OpStrategy], factors: 
         return _whole_op(graph, i, k, f"output {max(read)} is read but not described: runs "
                                       f"whole on every device", loss)
     pads = pad_values(traced)
+    shares = _described_shares(node, entry, traced, pads, levels, factors, parts)
+    unrunnable = isinstance(shares, str)
+    # a share that cannot run: its last cuts run replicated instead, from the last one back
+    # (each device computes its earlier cuts' share whole, a superset of what it stores)
+    splitting = [j for j, (verb, _) in enumerate(levels) if verb != "replicate"]
+    for j in reversed(splitting[1:] if unrunnable else []):
+        demoted = levels[:j] + [("replicate", None)] * (len(levels) - j)
+        found = _described_shares(node, entry, traced, pads, demoted, factors, parts)
+        if not isinstance(found, str):
+            return OpAssignment(tuple(found), None, loss, unrunnable=True)
+    if unrunnable:
+        return dataclasses.replace(_whole_op(
+            graph, i, k, f"a planned share cannot run ({shares}): runs whole on every "
+                         f"device", loss), unrunnable=True)
+    return OpAssignment(tuple(shares), None, loss)
+
+
+def _described_shares(node, entry: Description, traced, pads, levels, factors,
+                      parts) -> list[Share] | str:
+    """Every device's share, or why the first that cannot run cannot."""
     shares = []
     for p in parts:
         share = _described_share(node, entry, traced, pads, levels, factors, p)
         if isinstance(share, str):
-            return _whole_op(graph, i, k, f"a planned share cannot run ({share}): runs whole "
-                                          f"on every device", loss)
+            return share
         shares.append(share)
-    return OpAssignment(tuple(shares), None, loss)
+    return shares
 
 
 def _described_share(node, entry: Description, traced, pads, levels, factors,

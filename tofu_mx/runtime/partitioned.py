@@ -413,7 +413,7 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes
         budgets_of(memory_budget, k)        # before the import, which may take a while
     graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), k)
     if memory_budget is None:
-        plan = plan_graph(graph, k, options=options)
+        plan = runnable_plan(graph, k, options)
         _check_operators(graph, plan, k, strict)
         return apply_plan(symbol, graph, plan, contexts)
     budgets = budgets_of(memory_budget, k)
@@ -421,13 +421,43 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes
 
     def measure(weight: float, refetch: bool = False, keep_share: float = 0.0):
         tried = _variant(options, weight, refetch, keep_share)
-        plan = plan_graph(graph, k, options=tried)
+        plan = runnable_plan(graph, k, tried)
         _check_operators(graph, plan, k, strict)
         ptd = applied(plan)
         return trade_off(ptd, weight, tried.optimizer_state, keep_share), ptd
     others = [measure(options.memory_weight, True, share)
               for share in _refetch_shares(options)]
     return fit_budget(measure, budgets, options.memory_weight, others)
+
+
+#: searches again, at most, when operators' composed shares cannot run
+MAX_REPAIRS = 4
+
+
+def runnable_plan(graph: Graph, k: int, options: SearchOptions) -> Plan:
+    """:func:`plan_graph`'s plan, searched again while some operator's share, once every
+    cut is composed, cannot run as the operator (the search judges each cut on an
+    approximate view of the ones before): each time, those operators' strategies at their
+    last splitting cut are kept off. Where that does not settle within
+    :data:`MAX_REPAIRS` searches, the last plan stands (those operators run whole)."""
+    avoid: frozenset = frozenset()
+    plan = plan_graph(graph, k, options=options)
+    for _ in range(MAX_REPAIRS):
+        bad = [graph.nodes[i].name for i, a in assign(graph, plan).ops.items() if a.unrunnable]
+        if not bad:
+            break
+        ops = {o.name: o for o in plan.ops}
+        more = set()
+        for name in bad:
+            levels = [(level, str(s)) for level, s in enumerate(ops[name].strategies)
+                      if s.kind not in ("replicate", "whole")]
+            if levels:
+                more.add((name, *levels[-1]))
+        if more <= avoid:
+            break
+        avoid |= more
+        plan = plan_graph(graph, k, options=options, avoid=avoid)
+    return plan
 
 
 class _Applied:

@@ -20,23 +20,11 @@ from nnvm_passes.ir import Graph
 from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.search.cut import Cut, CutProblem, Group
 from tofu_mx.search.dp import Solution, solve_dp
-from tofu_mx.search.plan import Plan, SearchOptions, plan_graph
 from tofu_mx.search.problem import Problem
+from tofu_mx.search.plan import Plan, SearchOptions, choice_name, plan_graph, restricted
 from tofu_mx.tdl.analysis import Layout
 
-_EXCLUDED = 1e30
-
-
 Rule = Callable[[Cut, CutProblem, int, int], bool]   # (cut, its problem, slot, choice) -> allowed
-
-
-def _restricted(cut: Cut, problem: CutProblem, allowed: Rule) -> Problem:
-    unary = []
-    for slot, cost in enumerate(problem.problem.unary):
-        keep = np.array([allowed(cut, problem, slot, c) for c in range(len(cost))])
-        unary.append(cost if not keep.any() else np.where(keep, cost, _EXCLUDED))
-    return Problem(problem.problem.names, problem.problem.choices, tuple(unary),
-                   problem.problem.edges)
 
 
 def _batch_split(cut: Cut, problem: CutProblem, slot: int, choice: int) -> bool:
@@ -69,7 +57,7 @@ def solve_greedy(problem: Problem) -> Solution:
 
 def _dp_under(rule: Rule):
     def choose(cut: Cut, problem: CutProblem) -> Solution:
-        solution = solve_dp(_restricted(cut, problem, rule))
+        solution = solve_dp(restricted(cut, problem, rule))
         return Solution(problem.problem.cost(solution.assignment), solution.assignment,
                         solution.max_frontier, solution.max_states)
     return choose
@@ -80,12 +68,8 @@ def forced(strategies: dict[str, str]):
     named operators the named strategy (``{"conv0": "split x0"}``) wherever they have it,
     and everything else its best choice: for tests that need a particular plan."""
     def rule(cut: Cut, problem: CutProblem, slot: int, choice: int) -> bool:
-        obj = problem.slots[slot]
-        if not isinstance(obj, Group):
-            return True
-        leader = obj.copies[0][0]
-        want = strategies.get(cut.graph.nodes[leader].name)
-        return want is None or cut.strats[leader][obj.choices[choice][0]].name == want
+        named = choice_name(cut, problem, slot, choice)
+        return named is None or strategies.get(named[0], named[1]) == named[1]
     return _dp_under(rule)
 
 

@@ -32,11 +32,11 @@ from nnvm_passes.ir import Entry, FrozenDict, Graph, TensorInfo
 from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
-from tofu_mx.search.cut import Cut, CutProblem, View, next_view
+from tofu_mx.search.cut import Cut, CutProblem, Group, View, next_view
 from tofu_mx.search.bounded import Bounded, solve_bounded
 from tofu_mx.search.dp import SearchTooLargeError, Solution, prime_factors, solve_dp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
-from tofu_mx.search.problem import by_first_appearance, distinct_rows
+from tofu_mx.search.problem import Problem, by_first_appearance, distinct_rows
 from tofu_mx.search.structure import GraphStructure, itemsize_of
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph, registry_entry
@@ -505,12 +505,18 @@ class _LevelResult:
 
 def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
                  choose=None, structure: GraphStructure | None = None,
-                 kept_tensors: frozenset = frozenset()) -> _LevelResult:
+                 kept_tensors: frozenset = frozenset(),
+                 avoid: frozenset = frozenset()) -> _LevelResult:
     """One cut's search. ``choose(cut, cut_problem) -> Solution`` replaces the DP (the
-    baselines, tests that force a strategy)."""
+    baselines, tests that force a strategy); ``avoid``: ``(operator name, strategy name)``
+    pairs not chosen at this cut."""
     cut = Cut(graph, view, parts, tie=options.tie, memory_weight=options.memory_weight,
               refetch=options.refetch, structure=structure, kept_tensors=kept_tensors)
     problem = cut.problem()
+    if avoid:
+        problem = dataclasses.replace(problem, problem=restricted(
+            cut, problem, lambda c, p, slot, choice: avoid.isdisjoint(
+                _member_choices(c, p, slot, choice))))
     progress = _progress_bar(len(problem.problem.names), options, f"{parts}-way cut")
     bounded = None
     try:
@@ -530,6 +536,44 @@ def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
                         problem.var_layouts(solution.assignment), bounded)
 
 
+#: the unary cost that keeps a choice out of the DP's answer (where its node has another)
+EXCLUDED = 1e30
+
+
+def restricted(cut: Cut, problem: CutProblem, allowed) -> Problem:
+    """``problem``'s problem with the choices ``allowed(cut, problem, slot, choice)`` refuses
+    priced out (:data:`EXCLUDED`), except at a node where it refuses them all."""
+    unary = []
+    for slot, cost in enumerate(problem.problem.unary):
+        keep = np.array([allowed(cut, problem, slot, c) for c in range(len(cost))])
+        unary.append(cost if not keep.any() else np.where(keep, cost, EXCLUDED))
+    return Problem(problem.problem.names, problem.problem.choices, tuple(unary),
+                   problem.problem.edges)
+
+
+def choice_name(cut: Cut, problem: CutProblem, slot: int, choice: int) -> tuple[str, str] | None:
+    """(operator name, strategy name) of a group's choice, by its first member; None for a
+    variable's."""
+    obj = problem.slots[slot]
+    if not isinstance(obj, Group):
+        return None
+    leader = obj.copies[0][0]
+    return cut.graph.nodes[leader].name, cut.strats[leader][obj.choices[choice][0]].name
+
+
+def _member_choices(cut: Cut, problem: CutProblem, slot: int, choice: int
+                    ) -> set[tuple[str, str]]:
+    """(operator name, strategy name) of every member of a group under one of its choices
+    (followers take strategies of their own); empty for a variable's."""
+    obj = problem.slots[slot]
+    if not isinstance(obj, Group):
+        return set()
+    names = cut.graph.nodes
+    return {(names[i].name, strategy.name)
+            for copy, row in zip(obj.copies, problem.resolved[slot].rows[choice])
+            for i, (strategy, _) in zip(copy, row)}
+
+
 def _progress_bar(total: int, options: SearchOptions, what: str):
     show = options.progress
     if show is None:
@@ -542,11 +586,13 @@ def _progress_bar(total: int, options: SearchOptions, what: str):
 
 def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
                   choose=None, structure: GraphStructure | None = None,
-                  kept_tensors: frozenset = frozenset()) -> list[_LevelResult]:
+                  kept_tensors: frozenset = frozenset(),
+                  avoid: frozenset = frozenset()) -> list[_LevelResult]:
     """The cuts of one factor order, each searched at the view the previous ones leave;
     ``structure``: the graph's :class:`~tofu_mx.search.structure.GraphStructure`, shared by
     every level (made here if not given); ``kept_tensors``: tensors whose converted copies
-    are kept for the backward pass even by operators that re-fetch."""
+    are kept for the backward pass even by operators that re-fetch; ``avoid``: as for
+    :func:`plan_graph`."""
     structure = GraphStructure.of(graph) if structure is None else structure
     view, results = View.of(graph), []
     for level, parts in enumerate(order):
@@ -554,7 +600,8 @@ def search_levels(graph: Graph, order: Sequence[int], options: SearchOptions,
             last = results[-1]
             view = next_view(last.cut, last.members, last.var_layout)
         results.append(_solve_level(graph, view, parts, options, choose, structure,
-                                    kept_tensors))
+                                    kept_tensors, frozenset((name, strategy) for name, at,
+                                                            strategy in avoid if at == level)))
     return results
 
 
@@ -752,25 +799,29 @@ def _lowering_of(op: str, attrs: FrozenDict, _generation: int):
 
 def plan_graph(graph: Graph, num_devices: int, *, memory_budget=None,
                options: SearchOptions = SearchOptions(), choose=None,
-               factors: Sequence[int] | None = None) -> Plan:
+               factors: Sequence[int] | None = None, avoid: frozenset = frozenset()) -> Plan:
     """The cheapest plan over every order of the device count's prime factors (``factors``:
     that order alone); with a ``memory_budget``, the cheapest of those that fit (else
-    NoFeasiblePlanError, reporting the smallest footprint found)."""
+    NoFeasiblePlanError, reporting the smallest footprint found). ``avoid``: ``(operator
+    name, level, strategy name)`` triples the search does not choose (where the operator
+    has another choice): shares found not to run once every cut is composed."""
     with _collector_paused():
-        return _plan_graph(graph, num_devices, memory_budget, options, choose, factors)
+        return _plan_graph(graph, num_devices, memory_budget, options, choose, factors,
+                           avoid)
 
 
 def _plan_graph(graph: Graph, num_devices: int, memory_budget, options: SearchOptions,
-                choose, factors=None) -> Plan:
+                choose, factors=None, avoid: frozenset = frozenset()) -> Plan:
     shared = _Shared.of(graph)
     ideal = ideal_memory(graph, shared.kept, options, num_devices) if choose is None else 0.0
     weights = _small_weights(graph, num_devices, options, shared, ideal) if choose is None \
         else (frozenset(), 0.0)
-    candidates = _candidates(graph, num_devices, options, choose, shared, weights, factors)
+    candidates = _candidates(graph, num_devices, options, choose, shared, weights, factors,
+                             avoid)
     if memory_budget is None:
         if choose is None and not options.memory_weight and options.balance:
             return _balanced(graph, num_devices, candidates[0], options, shared, weights,
-                             ideal)
+                             ideal, avoid)
         return candidates[0]
     failures = []
     for candidate in candidates:
@@ -784,7 +835,8 @@ def _plan_graph(graph: Graph, num_devices: int, memory_budget, options: SearchOp
 
 def _candidates(graph: Graph, num_devices: int, options: SearchOptions, choose,
                 shared: "_Shared", small_weights: tuple[frozenset, float],
-                factors: Sequence[int] | None = None) -> list[Plan]:
+                factors: Sequence[int] | None = None, avoid: frozenset = frozenset()
+                ) -> list[Plan]:
     """The plan of every order of the device count's prime factors (or of ``factors``
     alone), fewest bytes first; ``small_weights``: :func:`_small_weights`."""
     orders = [tuple(factors)] if factors is not None else \
@@ -792,7 +844,7 @@ def _candidates(graph: Graph, num_devices: int, options: SearchOptions, choose,
     weights, used = small_weights
     return sorted((_assemble(graph, num_devices, order,
                              search_levels(graph, order, options, choose, shared.structure,
-                                           weights),
+                                           weights, avoid),
                              options, shared, weights, used) for order in orders),
                   key=lambda p: (p.total_bytes, p.factors))
 
@@ -841,7 +893,8 @@ BALANCE_WEIGHTS = (1.0, 4.0, 16.0, 64.0, 256.0)
 
 
 def _balanced(graph: Graph, num_devices: int, plan: Plan, options: SearchOptions,
-              shared: "_Shared", small_weights: tuple[frozenset, float], ideal: float) -> Plan:
+              shared: "_Shared", small_weights: tuple[frozenset, float], ideal: float,
+              avoid: frozenset = frozenset()) -> Plan:
     """``plan`` if its devices hold at most ``options.balance`` times the ideal (its memory
     estimate against 1/k of everything it counts), else the first plan within that found
     at the weights :data:`BALANCE_WEIGHTS` (which price the bytes a device stores above an
@@ -851,7 +904,7 @@ def _balanced(graph: Graph, num_devices: int, plan: Plan, options: SearchOptions
         return plan
     for weight in BALANCE_WEIGHTS:
         found = _candidates(graph, num_devices, dataclasses.replace(options, memory_weight=weight),
-                            None, shared, small_weights)[0]
+                            None, shared, small_weights, None, avoid)[0]
         if found.memory[0].total <= options.balance * ideal:
             return found
     return plan

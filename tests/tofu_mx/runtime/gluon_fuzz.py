@@ -300,7 +300,8 @@ def random_net(seed: int):
         if family == "image" and len(b.steps) > before and b.shape[2] * b.shape[3] > 144:
             b.add("MaxPool2D(2, 2)", nn.MaxPool2D(2, 2), b.shape[:2] + tuple(
                 n // 2 for n in b.shape[2:]))
-    b.add(f"Dense({rnd.choice(ODD)})", nn.Dense(rnd.choice(ODD)), ())
+    units = rnd.choice(ODD) + k      # some axis at least k long, whatever the sizes drawn
+    b.add(f"Dense({units})", nn.Dense(units), ())
     net = FuzzNet(b.steps)
     net.initialize()
     net.cast("float64")

@@ -14,7 +14,8 @@ from nnvm_passes.importer import import_symbol
 from tests.tofu_mx.runtime.helpers import float64, partition_and_verify
 from tofu_mx import models
 from tofu_mx.runtime.partitioned import apply_plan
-from tofu_mx.search.plan import SearchOptions, plan_graph
+from tofu_mx.search.baselines import forced
+from tofu_mx.search.plan import SearchOptions, lower_graph, plan_graph
 from tofu_mx.search.layouts import OpStrategy, StoredLayout
 
 X = mx.sym.var("data")
@@ -339,3 +340,39 @@ def test_a_variable_read_in_part_keeps_every_cell(k):
     whole = block.offset.data().asnumpy()
     back = ptd.merge_arrays(ptd.split_arrays({name: whole}))[name]
     np.testing.assert_array_equal(back, whole)
+
+
+def test_a_share_that_cannot_run_at_its_last_cut_runs_that_cut_replicated():
+    """GroupNorm of 2 groups of 4 channels over 4 devices, split on channels at both cuts:
+    the second cut splits inside a group, which no GroupNorm computes. That cut runs
+    replicated instead (each device computes its first cut's group), not the operator whole."""
+    x = mx.sym.var("data")
+    gn = mx.sym.GroupNorm(x, mx.sym.var("g"), mx.sym.var("b"), num_groups=2, name="gn")
+    sym = mx.sym.MakeLoss(mx.sym.sum(gn * gn), name="loss")
+    shapes = {"data": (1, 8, 5, 5), "g": (2,), "b": (2,)}
+    graph = import_symbol(sym, dtypes=float64(shapes), **shapes)
+    plan = plan_graph(graph, 4, choose=forced({"gn": "split c"}))
+    assert [str(s) for o in plan.ops if o.name == "gn" for s in o.strategies] == \
+        ["split c", "split c"]
+    ctx = [mx.cpu(i) for i in range(4)]
+    ptd = apply_plan(sym, graph, plan, ctx)
+    gn_op = ptd.assignment.ops[graph.index("gn")]
+    assert gn_op.unrunnable and not ptd.fallbacks
+    assert {s.outputs[0][1] for s in gn_op.shares} == {(0, 3), (4, 7)}
+    report = tofu_mx.verify(sym, ptd, ctx, dtypes=float64(shapes), **shapes)
+    assert report.ok
+
+
+def test_the_search_is_repeated_with_an_unrunnable_share_kept_off():
+    """Grouped convolutions over 8 devices (found by the Gluon fuzzer, seed 2809): the
+    search's third cut splits a group, judged on its approximate view; searched again with
+    that strategy kept off, every share runs."""
+    from tests.tofu_mx.runtime.gluon_fuzz import random_net
+    from tofu_mx.runtime.assign import assign
+    from tofu_mx.runtime.partitioned import runnable_plan
+    from tofu_mx.tdl.annotate import import_graph
+    sym, shapes, k, _, _ = random_net(2809)
+    graph = lower_graph(import_graph(sym, dtypes=float64(shapes), **shapes), k)
+    first = [i for i, a in assign(graph, plan_graph(graph, k)).ops.items() if a.unrunnable]
+    again = runnable_plan(graph, k, SearchOptions())
+    assert first and not any(a.unrunnable for a in assign(graph, again).ops.values())
