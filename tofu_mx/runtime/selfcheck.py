@@ -21,6 +21,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from nnvm_passes.transforms import cast_floats
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, ShapeInferenceError, TofuError
 from tofu_mx.search.baselines import forced
@@ -68,17 +69,20 @@ def check_partition(ptd: Any, batch: int | None = None, seed: int = 0, rtol: flo
             for n, d in own.items()}
     cpus = [mx.cpu(i) for i in range(k)]
     failure: Exception | None = None
-    for dtypes, oracle in ((wide, None), (own, "float64"), (own, None)):
+    # float64 throughout (weights Gluon pinned to float32 included), else the model's dtypes
+    wide_symbol = cast_floats(ptd.reference, "float64")[0]
+    for symbol, dtypes, oracle in ((wide_symbol, wide, None), (ptd.reference, own, "float64"),
+                                   (ptd.reference, own, None)):
         try:      # MXNet refuses a dtype its kernels lack when it infers the graph's types
-            graph = lower_graph(import_graph(ptd.reference, dtypes=dtypes, **shapes), k)
+            graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), k)
         except ShapeInferenceError as e:
             failure = e
             continue
         plan = plan_graph(graph, k, options=SearchOptions(refetch=ptd.plan.refetch),
                           choose=same_strategies(ptd.plan), factors=ptd.plan.factors)
-        small = apply_plan(ptd.reference, graph, plan, cpus)
+        small = apply_plan(symbol, graph, plan, cpus)
         try:
-            return verify(ptd.reference, small, cpus, rtol=rtol, atol=atol, seed=seed,
+            return verify(symbol, small, cpus, rtol=rtol, atol=atol, seed=seed,
                           dtypes=dtypes, oracle=oracle, **shapes)
         except InvalidArgumentError as e:     # the float64 oracle cannot run this graph
             failure = e

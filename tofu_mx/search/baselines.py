@@ -19,7 +19,8 @@ import numpy as np
 from nnvm_passes.ir import Graph
 from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.search.cut import Cut, CutProblem, Group
-from tofu_mx.search.dp import Solution, solve_dp
+from tofu_mx.search.bounded import solve_within
+from tofu_mx.search.dp import Solution
 from tofu_mx.search.problem import Problem
 from tofu_mx.search.plan import Plan, SearchOptions, choice_name, plan_graph, restricted
 from tofu_mx.tdl.analysis import Layout
@@ -57,7 +58,7 @@ def solve_greedy(problem: Problem) -> Solution:
 
 def _dp_under(rule: Rule):
     def choose(cut: Cut, problem: CutProblem) -> Solution:
-        solution = solve_dp(restricted(cut, problem, rule))
+        solution, _ = solve_within(restricted(cut, problem, rule), SearchOptions().max_states)
         return Solution(problem.problem.cost(solution.assignment), solution.assignment,
                         solution.max_frontier, solution.max_states)
     return choose

@@ -93,6 +93,17 @@ def solve_bounded(problem: Problem, max_states: int, progress=None,
     return Bounded(solution, tuple(order), relaxed[0] if relaxed else None)
 
 
+def solve_within(problem: Problem, max_states: int, progress=None
+                 ) -> tuple[Solution, Bounded | None]:
+    """The exact DP's solution, or where its state would not fit in ``max_states`` the
+    bounded search's (and how it was found)."""
+    try:
+        return solve_dp(problem, max_states, progress), None
+    except SearchTooLargeError:
+        found = solve_bounded(problem, max_states)
+        return found.solution, found
+
+
 def _lp_size(problem: Problem) -> int:
     """The LP relaxation's variables: one per choice and one per pair of choices on an edge."""
     return sum(map(len, problem.choices)) + sum(m.size for _, _, m in problem.edges)

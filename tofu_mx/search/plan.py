@@ -33,8 +33,8 @@ from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.cut import Cut, CutProblem, Group, View, next_view
-from tofu_mx.search.bounded import Bounded, solve_bounded
-from tofu_mx.search.dp import SearchTooLargeError, Solution, prime_factors, solve_dp
+from tofu_mx.search.bounded import Bounded, solve_within
+from tofu_mx.search.dp import Solution, prime_factors, solve_dp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.search.problem import Problem, by_first_appearance, distinct_rows
 from tofu_mx.search.structure import GraphStructure, itemsize_of
@@ -521,12 +521,8 @@ def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
     bounded = None
     try:
         if choose is None:
-            try:
-                solution = solve_dp(problem.problem, options.max_states,
-                                    progress.update if progress else None)
-            except SearchTooLargeError:
-                bounded = solve_bounded(problem.problem, options.max_states)
-                solution = bounded.solution
+            solution, bounded = solve_within(problem.problem, options.max_states,
+                                             progress.update if progress else None)
         else:
             solution = choose(cut, problem)
     finally:

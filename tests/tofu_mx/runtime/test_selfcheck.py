@@ -64,3 +64,17 @@ def test_bad_batch():
     ptd = tofu_mx.partition(regression(), [mx.cpu(0), mx.cpu(1)], data=(4, 8), label=(4, 5))
     with pytest.raises(tofu_mx.InvalidArgumentError, match="batch"):
         ptd.check(batch=0)
+
+
+def test_check_runs_a_float32_gluon_model_in_float64():
+    """Gluon pins its weights' dtype (float32) in the symbol: the copy is cast to float64 as
+    a whole, so the check judges it in float64, not against a float32 reference."""
+    from mxnet import gluon
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(4, 3, padding=1), gluon.nn.BatchNorm(), gluon.nn.Dense(3))
+    net.initialize()
+    net.hybridize()
+    sym = mx.sym.MakeLoss(mx.sym.sum(mx.sym.square(net(mx.sym.var("data")))))
+    ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(4)], data=(16, 3, 8, 8))
+    report = ptd.check()
+    assert report.ok and report.oracle is None
