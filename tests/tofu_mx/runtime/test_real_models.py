@@ -2,7 +2,7 @@
 described) and compute what they compute on one device: outputs, every gradient, aux states,
 in float64, or in float32 judged against a float64 oracle (BERT: MXNet's interleaved attention
 kernels have no float64 on CPU; the fused RNN layers as users run them), over 2, 3 and 4 CPU
-devices."""
+devices (6 and 8 with ``-m slow``)."""
 import pytest
 
 from tests.tofu_mx.runtime.helpers import partition_and_verify
@@ -29,7 +29,7 @@ def test_every_operator_is_described(name, built):
     assert all(s in ("described", "opaque") for s in found.values()), found
 
 
-@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("k", [2, 3, 4, pytest.param(6, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_partitions_without_fallback_and_verifies(name, k, built):
     sym, shapes, arrays, dtype = built(name)

@@ -295,7 +295,7 @@ def fcn_head():
     return mx.sym.SoftmaxOutput(y, mx.sym.var("label"), multi_output=True, name="score")
 
 
-@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("k", [2, 3, 4, pytest.param(6, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
 def test_fcn_padded_by_100_partitions_and_verifies(k):
     """Seen: at k = 3 'NoneType' is not subscriptable from conv1_1's hook; at k = 2 and 4 the
     per-pixel softmax's gradient was k times too large (it divides by the positions it sees)."""
@@ -327,7 +327,7 @@ def partly_read_offsets():
     return mx.sym.MakeLoss(mx.sym.sum(out * out)), block
 
 
-@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("k", [2, 3, 4, pytest.param(6, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
 def test_a_variable_read_in_part_keeps_every_cell(k):
     """Seen: 'internal: no operator reads ..._offset_0 in [...]' for every cell of the
     offsets past the map's rows. Every cell is now a variable of the partitioned graph: its
