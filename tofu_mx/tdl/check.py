@@ -19,8 +19,8 @@ from nnvm_passes.exporter import export_symbol
 from nnvm_passes.ir import Entry, FrozenDict
 from tofu_mx.errors import TofuError
 from tofu_mx.tdl.interpret import evaluate
-from tofu_mx.tdl.registry import (Attrs, Description, Example, example_graph, single_op_symbol,
-                                  trace)
+from tofu_mx.tdl.registry import (Attrs, Description, Example, Traced, example_graph,
+                                  single_op_symbol, trace)
 from tofu_mx.values import index_range, random_inputs
 
 
@@ -85,25 +85,67 @@ def check_description(desc: Description, seed: int = 0) -> list[CheckResult]:
 
 
 @dataclass(frozen=True)
-class GradientCheck:
-    """A loss head's input gradient computed by one share against the whole operator's."""
+class ShareCheck:
+    """One share of an operator (``part`` of ``strategy`` cut into ``parts``; None: all the
+    parts, combined) run as the operator on its inputs' boxes, against the whole operator
+    there: its outputs (:func:`check_shares`) or its input's gradient
+    (:func:`check_loss_gradients`)."""
 
     op: str
     example: Example
     strategy: str
-    part: int
+    parts: int
+    part: int | None
     max_abs_err: float
     ok: bool
 
     def __str__(self) -> str:
         status = "ok" if self.ok else "MISMATCH"
+        which = "" if self.part is None else f", part {self.part}"
         return (f"{self.op} {dict(self.example.attrs)} {list(self.example.shapes)} "
-                f"{self.strategy} part {self.part}: {status} (max abs err {self.max_abs_err:.3g})")
+                f"{self.strategy} in {self.parts}{which}: {status} "
+                f"(max abs err {self.max_abs_err:.3g})")
+
+
+@dataclass(frozen=True)
+class _Values:
+    """An example's operator, seeded inputs (float64 where MXNet's kernel has it, else the
+    example's dtypes) and trace, and the tolerance those dtypes allow."""
+
+    op: str
+    attrs: FrozenDict
+    inputs: list
+    traced: Traced
+    rtol: float
+    atol: float
+
+    @staticmethod
+    def of(desc: Description, example: Example, seed: int,
+           float64_tolerance: tuple[float, float]) -> "_Values":
+        mx_op = desc.op.partition(":")[0]
+        wide = dataclasses.replace(example, dtypes=FrozenDict(
+            {i: "float64" for i in range(len(example.shapes))}))
+        for chosen, (rtol, atol) in ((wide, float64_tolerance),
+                                     (example, (desc.rtol, desc.atol))):
+            try:
+                graph = example_graph(mx_op, chosen)
+                values = random_inputs(graph, seed)
+                node = graph.nodes[-1]
+                inputs = [values[graph.nodes[e.node].name] for e in node.inputs]
+                _forward(mx_op, example.attrs, inputs, len(node.outputs), desc.train)
+                break
+            except (TofuError, mx.base.MXNetError):
+                if chosen is example:       # no kernel for the example's own dtypes either
+                    raise
+        attrs = FrozenDict(example.attrs)
+        traced = trace(desc, Attrs(attrs), [graph.tensor(e).shape for e in node.inputs],
+                       [t.shape for t in node.outputs])
+        return _Values(mx_op, attrs, inputs, traced, rtol, atol)
 
 
 def _gradients(op: str, attrs: Mapping[str, str], values: list[np.ndarray]) -> list[np.ndarray]:
-    """MXNet's gradient of every input of one ``op`` node at ``values`` (float64), after a
-    training forward pass; a loss head ignores the head gradient, so ones are fed."""
+    """MXNet's gradient of every input of one ``op`` node at ``values``, after a training
+    forward pass; a loss head ignores the head gradient, so ones are fed."""
     sym = single_op_symbol(op, attrs, len(values))
     args = {f"in{i}": mx.nd.array(v, dtype=v.dtype) for i, v in enumerate(values)}
     grads = {n: mx.nd.zeros_like(a) for n, a in args.items()}
@@ -111,62 +153,6 @@ def _gradients(op: str, attrs: Mapping[str, str], values: list[np.ndarray]) -> l
     out = exe.forward(is_train=True)
     exe.backward([mx.nd.ones_like(o) for o in out])
     return [grads[f"in{i}"].asnumpy() for i in range(len(values))]
-
-
-def check_loss_gradients(desc: Description, example: Example, parts: int,
-                         seed: int = 0) -> list[GradientCheck]:
-    """Run every share that the search may give one device of a loss head (each output
-    strategy cut into ``parts``, as :func:`~tofu_mx.tdl.shares.resolve` runs it) and compare
-    the gradient of its data input with the whole operator's gradient there, in float64.
-    A head's gradient often divides by a count of what its kernel sees (the batch, the values
-    per sample): a share sees less, and its hook must rescale."""
-    from tofu_mx.tdl.analysis import part_interval, strategies, work_regions
-    from tofu_mx.tdl.shares import resolve
-    mx_op = desc.op.partition(":")[0]
-    wide = dataclasses.replace(example, dtypes=FrozenDict(
-        {i: "float64" for i in range(len(example.shapes))}))
-    graph = example_graph(mx_op, wide)
-    node = graph.nodes[-1]
-    values = random_inputs(graph, seed)
-    inputs = [values[graph.nodes[e.node].name] for e in node.inputs]
-    whole = _gradients(mx_op, example.attrs, inputs)[0]
-    attrs = FrozenDict(example.attrs)
-    traced = trace(desc, Attrs(attrs), [graph.tensor(e).shape for e in node.inputs],
-                   [t.shape for t in node.outputs])
-    results = []
-    for strategy in strategies(traced, parts):
-        if strategy.kind != "output":
-            continue
-        for p in range(parts):
-            work = work_regions(traced, {strategy.var: part_interval(strategy.extent, parts, p)})
-            runnable = resolve(desc, mx_op, attrs, traced, work)
-            if isinstance(runnable, str):
-                continue      # not offered to the search
-            pieces = [v[tuple(slice(lo, hi + 1) for lo, hi in box)]
-                      for v, box in zip(inputs, runnable.inputs) if box is not None]
-            mine = _gradients(mx_op, runnable.attrs, pieces)[0]
-            theirs = whole[tuple(slice(lo, hi + 1) for lo, hi in runnable.inputs[0])]
-            err = float(np.max(np.abs(mine - theirs))) if mine.size else 0.0
-            results.append(GradientCheck(desc.op, example, strategy.name, p, err,
-                                         bool(np.allclose(mine, theirs, rtol=1e-9, atol=1e-12))))
-    return results
-
-
-@dataclass(frozen=True)
-class ShareCheck:
-    """One share of an operator run as the operator on its inputs' boxes, against the
-    whole operator's outputs there (a partial share: the parts combined)."""
-
-    op: str
-    example: Example
-    strategy: str
-    max_abs_err: float
-    ok: bool
-
-    def __str__(self) -> str:
-        status = "ok" if self.ok else "MISMATCH"
-        return (f"{self.op} {dict(self.example.attrs)} {list(self.example.shapes)} "
-                f"{self.strategy}: {status} (max abs err {self.max_abs_err:.3g})")
 
 
 def _forward(op: str, attrs: Mapping[str, str], values: list[np.ndarray], n_out: int,
@@ -177,6 +163,10 @@ def _forward(op: str, attrs: Mapping[str, str], values: list[np.ndarray], n_out:
     aux = {n: args.pop(n) for n in list(args) if n not in names}
     exe = sym.bind(mx.cpu(), {n: args[n] for n in names}, aux_states=aux or None)
     return [o.asnumpy() for o in exe.forward(is_train=train)]
+
+
+def _box(box) -> tuple[slice, ...]:
+    return tuple(slice(lo, hi + 1) for lo, hi in box)
 
 
 def _read(value: np.ndarray, box, pad: float | None) -> np.ndarray:
@@ -194,67 +184,84 @@ def _read(value: np.ndarray, box, pad: float | None) -> np.ndarray:
     return out
 
 
+def _err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b))) if a.size and a.shape == b.shape else \
+        (0.0 if a.shape == b.shape else np.inf)
+
+
+def check_loss_gradients(desc: Description, example: Example, parts: int,
+                         seed: int = 0) -> list[ShareCheck]:
+    """Run every share that the search may give one device of a loss head (each output
+    strategy cut into ``parts``, as :func:`~tofu_mx.tdl.shares.resolve` runs it) and compare
+    the gradient of its data input with the whole operator's gradient there, in float64.
+    A head's gradient often divides by a count of what its kernel sees (the batch, the values
+    per sample): a share sees less, and its hook must rescale."""
+    from tofu_mx.tdl.analysis import part_interval, strategies, work_regions
+    from tofu_mx.tdl.shares import resolve
+    v = _Values.of(desc, example, seed, (1e-9, 1e-12))
+    whole = _gradients(v.op, v.attrs, v.inputs)[0]
+    results = []
+    for strategy in strategies(v.traced, parts):
+        if strategy.kind != "output":
+            continue
+        for p in range(parts):
+            work = work_regions(v.traced, {strategy.var: part_interval(strategy.extent, parts,
+                                                                       p)})
+            run = resolve(desc, v.op, v.attrs, v.traced, work)
+            if isinstance(run, str):
+                continue      # not offered to the search
+            pieces = [x[_box(box)] for x, box in zip(v.inputs, run.inputs) if box is not None]
+            mine = _gradients(v.op, run.attrs, pieces)[0]
+            theirs = whole[_box(run.inputs[0])]
+            results.append(ShareCheck(desc.op, example, strategy.name, parts, p,
+                                      _err(mine, theirs),
+                                      bool(np.allclose(mine, theirs, rtol=v.rtol, atol=v.atol))))
+    return results
+
+
 def check_shares(desc: Description, example: Example, parts: int,
                  seed: int = 0) -> list[ShareCheck]:
     """Run every share that the search may give one device of ``desc``'s operator (each
     strategy cut into ``parts``, as :func:`~tofu_mx.tdl.shares.resolve` runs it: its
-    attributes, its inputs' boxes, padding materialised) through MXNet's kernel, in float64,
-    and compare its outputs with the whole operator's over its boxes; a partition-n-reduce's
-    parts are combined first. A share the hook refuses is not offered, so not checked."""
+    attributes, its inputs' boxes, padding materialised) through MXNet's kernel, in float64
+    where MXNet has it, and compare its outputs with the whole operator's over its boxes; a
+    partition-n-reduce's parts are combined first. A share the hook refuses is not offered,
+    so not checked."""
     from tofu_mx.tdl.analysis import pad_values, part_interval, strategies, work_regions
     from tofu_mx.tdl.shares import resolve
-    mx_op = desc.op.partition(":")[0]
-    wide = dataclasses.replace(example, dtypes=FrozenDict(
-        {i: "float64" for i in range(len(example.shapes))}))
-    rtol, atol = 1e-7, 1e-9
-    try:
-        graph = example_graph(mx_op, wide)
-        values = random_inputs(graph, seed)
-        node = graph.nodes[-1]
-        inputs = [values[graph.nodes[e.node].name] for e in node.inputs]
-        n_out = len(node.outputs)
-        _forward(mx_op, example.attrs, inputs, n_out, desc.train)
-    except (TofuError, mx.base.MXNetError):     # no float64 kernel: the example's dtypes
-        graph, rtol, atol = example_graph(mx_op, example), desc.rtol, desc.atol
-        values = random_inputs(graph, seed)
-        node = graph.nodes[-1]
-        inputs = [values[graph.nodes[e.node].name] for e in node.inputs]
-    attrs = FrozenDict(example.attrs)
-    traced = trace(desc, Attrs(attrs), [graph.tensor(e).shape for e in node.inputs],
-                   [t.shape for t in node.outputs])
-    n_out = len(traced.outputs)
-    whole = _forward(mx_op, example.attrs, inputs, n_out, desc.train)
-    pads = pad_values(traced)
+    v = _Values.of(desc, example, seed, (1e-7, 1e-9))
+    n_out = len(v.traced.outputs)
+    whole = _forward(v.op, v.attrs, v.inputs, n_out, desc.train)
+    pads = pad_values(v.traced)
     combine = {"sum": np.add, "max": np.maximum, "min": np.minimum}
     results = []
-    for strategy in strategies(traced, parts):
+    for strategy in strategies(v.traced, parts):
         found, total = [], None
         for p in range(parts):
             reduced = [strategy.var] if strategy.kind == "reduce" else []
-            work = work_regions(traced, {strategy.var: part_interval(strategy.extent, parts, p)},
+            work = work_regions(v.traced, {strategy.var: part_interval(strategy.extent, parts,
+                                                                       p)},
                                 reduced, reduced if p else [])
-            run = resolve(desc, mx_op, attrs, traced, work)
+            run = resolve(desc, v.op, v.attrs, v.traced, work)
             if isinstance(run, str) or run.shard.views is not None:
                 found = None
                 break
-            pieces = [_read(v, box, pad) for v, box, pad in zip(inputs, run.inputs, pads)
+            pieces = [_read(x, box, pad) for x, box, pad in zip(v.inputs, run.inputs, pads)
                       if box is not None]
-            outs = _forward(mx_op, run.attrs, pieces, n_out, desc.train)
+            outs = _forward(v.op, run.attrs, pieces, n_out, desc.train)
             if run.shard.scale is not None:
                 outs = [o * run.shard.scale for o in outs]
             if work.partial is not None:
                 total = outs if total is None else [combine[work.partial](t, o)
                                                     for t, o in zip(total, outs)]
                 continue
-            for o, box, w in zip(outs, work.outputs, whole):
-                found.append((o, w[tuple(slice(lo, hi + 1) for lo, hi in box)]))
+            found += [(o, w[_box(box)]) for o, box, w in zip(outs, work.outputs, whole)]
         if found is None:
             continue
         if total is not None:
             found = list(zip(total, whole))
-        errs = [float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in found]
-        ok = all(a.shape == b.shape and np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
-                 for a, b in found)
-        results.append(ShareCheck(desc.op, example, f"{strategy.name} in {parts}",
-                                  max(errs, default=0.0), ok))
+        ok = all(a.shape == b.shape and np.allclose(a, b, rtol=v.rtol, atol=v.atol,
+                                                    equal_nan=True) for a, b in found)
+        results.append(ShareCheck(desc.op, example, strategy.name, parts, None,
+                                  max((_err(a, b) for a, b in found), default=0.0), ok))
     return results
