@@ -508,6 +508,7 @@ class _Rewrite:
                              [head, total], 0, "keep"), 0)
         return heads
 
+
 def rewrite(graph: Graph, assignment: Any, ordered: bool = False) -> RewriteResult:
     """The partitioned graph (MXNet JSON) and its variables; see the module docstring.
     ``ordered``: add Tofu's control dependencies (:meth:`_Rewrite.order`). Off by default:

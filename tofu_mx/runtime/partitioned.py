@@ -439,7 +439,9 @@ def runnable_plan(graph: Graph, k: int, options: SearchOptions) -> Plan:
     cut is composed, cannot run as the operator (the search judges each cut on an
     approximate view of the ones before): each time, those operators' strategies at their
     last splitting cut are kept off. Where that does not settle within
-    :data:`MAX_REPAIRS` searches, the last plan stands (those operators run whole)."""
+    :data:`MAX_REPAIRS` searches (the operator has no other choice there), the last plan
+    stands: :func:`~tofu_mx.runtime.assign.assign` runs those operators' last cuts
+    replicated."""
     avoid: frozenset = frozenset()
     plan = plan_graph(graph, k, options=options)
     for _ in range(MAX_REPAIRS):

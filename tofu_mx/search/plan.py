@@ -34,7 +34,7 @@ from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.cut import Cut, CutProblem, Group, View, next_view
 from tofu_mx.search.bounded import Bounded, solve_within
-from tofu_mx.search.dp import Solution, prime_factors, solve_dp
+from tofu_mx.search.dp import Solution, prime_factors
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.search.problem import Problem, by_first_appearance, distinct_rows
 from tofu_mx.search.structure import GraphStructure, itemsize_of
