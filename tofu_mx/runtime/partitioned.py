@@ -558,13 +558,18 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
 
 
 def _check_rewrite(ptd: PartitionedSymbol) -> None:
-    """The rewritten graph infers the original's output shapes from the shards' shapes."""
-    graph = ptd.shard_graph
-    got = [t.shape for t in graph.output_infos]
-    want = [t.shape for t in ptd.graph.output_infos]
+    """The rewritten graph is one MXNet takes (every operator's inputs, shapes and dtypes
+    infer) and infers the original's output shapes and dtypes from the shards'."""
+    try:
+        graph = ptd.shard_graph
+    except TofuError as e:      # MXNet's message names the operator
+        raise TofuError(f"internal: MXNet refuses the partitioned graph ({e}); please report "
+                        f"it with the symbol and shapes") from e
+    got = [(t.shape, t.dtype) for t in graph.output_infos]
+    want = [(t.shape, t.dtype) for t in ptd.graph.output_infos]
     if got != want:
-        raise TofuError(f"internal: the partitioned graph's outputs have shapes {got}, the "
-                        f"original's {want}")
+        raise TofuError(f"internal: the partitioned graph's outputs have shapes and dtypes "
+                        f"{got}, the original's {want}")
     placed = [n.name for i, n in enumerate(graph.nodes)
               if placed_group(graph, i, group_name(0)) not in ptd.group2ctx]
     if placed:
