@@ -246,6 +246,7 @@ class PartitionedBlock(gluon.Block):
             self._exe = ptd.simple_bind(grad_req={n: _grad_req(p) for n, p in params.items()})
         self._arrays = {**self._exe.arg_dict, **self._exe.aux_dict}   # shard name -> array
         self._fresh = False
+        self._recorded = False       # a recorded call whose backward pass has not run
         self._anchor = mx.nd.zeros((1,), ctx=ptd.contexts[0])
         self._anchor.attach_grad()
         self._fill(init)
@@ -330,17 +331,23 @@ class PartitionedBlock(gluon.Block):
             raise CheckpointError(f"{path!r} holds an unnamed list of {len(blob)} arrays, not "
                                   f"a Gluon parameter file (arrays by name); {hint}")
         names = self.structural_names()
-        wanted = {k: n for k, n in names.items() if n in self._shards_of}
-        missing = sorted(set(wanted) - set(blob))
+        # a parameter shared by several blocks has several structural names; Gluon's
+        # save_parameters (deduplicate=True) writes it under one of them
+        keys_of: dict[str, list[str]] = {}
+        for key, name in names.items():
+            if name in self._shards_of:
+                keys_of.setdefault(name, []).append(key)
+        found = {name: [k for k in keys if k in blob] for name, keys in keys_of.items()}
+        missing = sorted(keys[0] for name, keys in keys_of.items() if not found[name])
         extra = sorted(set(blob) - set(names))
         wrong = [f"{k} {blob[k].shape} (needs {self.partitioned.graph.node(n).outputs[0].shape})"
-                 for k, n in wanted.items() if k in blob and
-                 blob[k].shape != self.partitioned.graph.node(n).outputs[0].shape]
+                 for n, ks in found.items() for k in ks
+                 if blob[k].shape != self.partitioned.graph.node(n).outputs[0].shape]
         if missing or extra or wrong:
             raise CheckpointError(
                 f"{path!r} does not fit {self.source.name}: missing {missing[:5]}, unknown "
                 f"{extra[:5]}, wrong shape {wrong[:5]}. {hint[0].upper()}{hint[1:]}.")
-        self._write({name: blob[key].asnumpy() for key, name in wanted.items()})
+        self._write({name: blob[ks[0]].asnumpy() for name, ks in found.items()})
 
     # --- running ---------------------------------------------------------------------------
     def _check_inputs(self, arrays: Sequence[Any]) -> list[mx.nd.NDArray | np.ndarray]:
@@ -391,6 +398,7 @@ class PartitionedBlock(gluon.Block):
         """Forward and backward once (training mode) with head gradients of 1; returns the
         outputs (the per-sample losses with a loss block)."""
         self._set_inputs(arrays)
+        self._recorded = False
         self._exe.forward(is_train=True)
         self._exe.backward(out_grads=[mx.nd.ones(o.shape, ctx=o.context, dtype=o.dtype)
                                       for o in self._exe.outputs])
@@ -398,8 +406,25 @@ class PartitionedBlock(gluon.Block):
         outs = [o.copy() for o in self._exe.outputs]
         return outs[0] if len(outs) == 1 else outs
 
+    def zero_grad(self) -> None:
+        """Set every shard's gradient to zero (``Parameter.zero_grad``): with
+        ``grad_req='add'`` gradients are summed over backward passes until then."""
+        mx.nd.waitall()     # a pending autograd backward pass (see _set_inputs)
+        for name, grad in self._exe.grad_dict.items():
+            if grad is not None:
+                grad[:] = 0
+
     def forward(self, *arrays):
         if autograd.is_recording():
+            mx.nd.waitall()         # a backward pass autograd started is done by then
+            if self._recorded:
+                raise InvalidArgumentError(
+                    f"{self!r} was called again inside autograd.record() before the first "
+                    f"call's backward pass: it runs one executor, whose state the second call "
+                    f"would replace. Call loss.backward() after each call (with grad_req="
+                    f"'add' on the parameters to sum the micro-batches' gradients), or call "
+                    f"it once on the joined batch (a call whose result needs no backward pass "
+                    f"belongs outside autograd.record())")
             # autograd records an operation only when some input is in its graph; the
             # inputs need no gradient, so a one-element anchor that has one stands in
             checked = self._check_inputs(arrays)
@@ -407,6 +432,7 @@ class PartitionedBlock(gluon.Block):
                 a if isinstance(a, mx.nd.NDArray) else
                 mx.nd.array(a, ctx=self._anchor.context, dtype=a.dtype) for a in checked])
         self._set_inputs(arrays)
+        self._recorded = False      # the executor's state is this call's now
         self._exe.forward(is_train=autograd.is_training())
         outs = [o.copy() for o in self._exe.outputs]
         return outs[0] if len(outs) == 1 else outs
@@ -453,7 +479,9 @@ class PartitionedBlock(gluon.Block):
 
 
 def _grad_req(p: gluon.Parameter) -> str:
-    return "null" if p.grad_req == "null" else "write"
+    """The parameter's own request: ``write``, ``add`` (gradients summed over backward
+    passes until :meth:`PartitionedBlock.zero_grad`) or ``null`` (frozen)."""
+    return p.grad_req
 
 
 class _Run(autograd.Function):
@@ -468,6 +496,7 @@ class _Run(autograd.Function):
         self.block._set_inputs(arrays)
         self.shapes = [(a.shape, a.context, a.dtype) for a in (anchor, *arrays)]
         self.block._exe.forward(is_train=autograd.is_training())
+        self.block._recorded = True
         outs = [o.copy() for o in self.block._exe.outputs]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -475,6 +504,7 @@ class _Run(autograd.Function):
         exe = self.block._exe
         exe.backward(out_grads=[g.as_in_context(o.context) for g, o in zip(head_grads, exe.outputs)])
         self.block._fresh = True
+        self.block._recorded = False
         # the anchor and the inputs (data, labels) get no gradient
         return tuple(mx.nd.zeros(shape, ctx=ctx, dtype=dtype) for shape, ctx, dtype in self.shapes)
 

@@ -148,7 +148,9 @@ class Trainer:
         batch_size = arguments.count(batch_size, "batch_size", example="trainer.step(x.shape[0])")
         ignore_stale_grad = arguments.flag(ignore_stale_grad, "ignore_stale_grad")
         mx.nd.waitall()
-        if not self.block._fresh and not ignore_stale_grad:
+        if not self.block._fresh:
+            if ignore_stale_grad:       # as gluon.Trainer: a stale gradient is not applied
+                return
             raise InvalidArgumentError(
                 "the gradients have not been computed since the last step: call "
                 "pnet.step(x, y), or loss.backward() after pnet(x, y) under autograd.record(), "

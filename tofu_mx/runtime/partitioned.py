@@ -92,11 +92,12 @@ class PartitionedSymbol:
 
     def simple_bind(self, grad_req: Any = "write", **kwargs) -> mx.executor.Executor:
         """Bind across the devices (``mx.sym.Symbol.simple_bind`` with the shards' shapes and
-        dtypes and ``group2ctx`` filled in). ``grad_req`` may name original variables; each
-        shard gets its variable's request. Parameters loaded before binding are copied in."""
-        if isinstance(grad_req, Mapping):
-            grad_req = {s.name: grad_req.get(s.name, grad_req.get(s.source, "null"))
-                        for s in self._arg_shards()}
+        dtypes and ``group2ctx`` filled in). ``grad_req`` (a dict) names original variables;
+        each shard gets its variable's request, ``null`` where its variable is not named (a
+        variable named like another's shard, ``w@dev1``, is a variable of its own).
+        Parameters loaded before binding are copied in."""
+        if isinstance(grad_req, Mapping):     # by the variable's own name, never a shard's
+            grad_req = {s.name: grad_req.get(s.source, "null") for s in self._arg_shards()}
         shapes = {s.name: s.shape for s in self._arg_shards()}
         shapes.update(kwargs.pop("shapes", {}))
         types = {s.name: s.dtype for s in self._arg_shards()}
@@ -300,15 +301,16 @@ class PartitionedSymbol:
             raise CheckpointError(f"{path!r} holds an unnamed list of arrays; give a .params "
                                   f"file that names each array arg:<name> or aux:<name> (as "
                                   f"save_params writes)")
-        args, aux = {}, {}
+        args, aux, keys = {}, {}, {}
         for key, value in blob.items():
             kind, _, name = key.partition(":")
-            if kind == "arg":
-                args[name] = value
-            elif kind == "aux":
-                aux[name] = value
-            else:
-                args[key] = value    # a plain name: reported as extra unless it is a param
+            if kind not in ("arg", "aux"):
+                kind, name = "arg", key  # a plain name: reported as extra unless it is a param
+            if name in keys:
+                raise CheckpointError(f"{path!r} holds {name!r} twice, as {keys[name]!r} and "
+                                      f"{key!r}; which is meant cannot be told: keep one")
+            keys[name] = key
+            (aux if kind == "aux" else args)[name] = value
         self.set_params(args, aux)
 
     # --- reports ----------------------------------------------------------------------------
