@@ -13,6 +13,11 @@ as MXNet's distributed KVStore (``kvstore="dist_sync"``) needs them:
   stopped at once and the launcher exits with that code (1 for a signal), naming the
   process; when every worker has finished cleanly, the scheduler and servers get
   ``GRACE`` seconds to finish, then are stopped;
+- it owns what it starts: each process runs in a process group of its own, and stopping
+  one stops its group (SIGTERM, then SIGKILL after ``STOP`` seconds), so whatever a worker
+  started goes too. SIGTERM, SIGINT (Ctrl-C) or SIGHUP to the launcher stop every group
+  and it exits with 128 + the signal's number; ``--timeout`` stops a run that takes longer
+  (a hung worker), with exit code 124;
 - the servers sum float64 in float64: they start with glibc's malloc handing out zeroed
   memory (``SERVER_TUNABLES``). MXNet 1.9.1's server never initialises its
   ``multi_precision_`` flag (``src/kvstore/kvstore_dist_server.h``), so whatever the heap
@@ -41,6 +46,10 @@ from tofu_mx.errors import InvalidArgumentError, TofuError
 
 #: seconds the scheduler and servers get to finish once every worker has
 GRACE = 10.0
+#: the most workers and servers one launch starts: each is a process with MXNet loaded
+MAX_PROCESSES = 256
+#: exit code of a run stopped by its --timeout (as timeout(1))
+TIMED_OUT = 124
 #: seconds a stopped process gets between SIGTERM and SIGKILL
 STOP = 3.0
 HOST = "127.0.0.1"
@@ -64,18 +73,30 @@ def free_port(host: str = HOST) -> int:
         return s.getsockname()[1]
 
 
+class Stopped(Exception):
+    """The launcher got a signal to stop: ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def launch(command: Sequence[str], workers: int, servers: int = 1, *,
-           env: Mapping[str, str] | None = None, out: TextIO | None = None) -> int:
+           env: Mapping[str, str] | None = None, out: TextIO | None = None,
+           timeout: float | None = None) -> int:
     """Run ``command`` as ``workers`` ps-lite workers, with a scheduler and ``servers``
     servers, on this machine (see the module's docstring); the exit code: 0 when every
-    worker finished cleanly."""
+    worker finished cleanly, :data:`TIMED_OUT` when ``timeout`` seconds passed first."""
     command = list(command)
     if not command or not all(isinstance(c, str) for c in command):
         raise InvalidArgumentError(f"the command to launch must be a non-empty list of "
                                    f"strings, got {arguments.show(command)}; e.g. "
                                    f"python -m tofu_mx.launch -n 2 -- python train.py")
-    workers = arguments.count(workers, "workers")
-    servers = arguments.count(servers, "servers")
+    workers = arguments.count(workers, "workers (-n)", maximum=MAX_PROCESSES, example="-n 2")
+    servers = arguments.count(servers, "servers (-s)", maximum=MAX_PROCESSES, example="-s 1")
+    if timeout is not None:
+        timeout = arguments.real(timeout, "timeout (--timeout)", minimum=0, strict=True,
+                                 example="--timeout 600")
     out = out or sys.stdout
     base = dict(os.environ if env is None else env)
     base.update(DMLC_PS_ROOT_URI=HOST, DMLC_PS_ROOT_PORT=str(free_port()),
@@ -93,7 +114,7 @@ def launch(command: Sequence[str], workers: int, servers: int = 1, *,
         for name, role, argv in plan:
             env = {**base, "DMLC_ROLE": role, **(tunables if role == "server" else {})}
             processes.append(_start(name, argv, env, out, lock))
-        return _watch(processes, out, lock)
+        return _watch(processes, out, lock, timeout)
     finally:
         _stop(processes)
 
@@ -102,7 +123,8 @@ def _start(name: str, argv: list[str], env: dict, out: TextIO, lock) -> _Process
     try:
         popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 text=True, bufsize=1, errors="replace")
+                                 text=True, bufsize=1, errors="replace",
+                                 start_new_session=True)      # its own process group
     except OSError as e:
         raise TofuError(f"cannot start the {name} ({' '.join(argv)}): {e}; check the "
                         f"command") from e
@@ -117,11 +139,18 @@ def _start(name: str, argv: list[str], env: dict, out: TextIO, lock) -> _Process
     return _Process(name, popen, reader)
 
 
-def _watch(processes: list[_Process], out: TextIO, lock) -> int:
-    """Wait until every worker is done or a process fails; the exit code."""
+def _watch(processes: list[_Process], out: TextIO, lock, timeout: float | None) -> int:
+    """Wait until every worker is done, a process fails or ``timeout`` passes; the exit
+    code."""
     workers = [p for p in processes if p.name.startswith("worker")]
     finished_at = None
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        if deadline is not None and time.monotonic() > deadline:
+            left = [p.name for p in processes if p.popen.poll() is None]
+            _say(out, lock, f"the run took over --timeout {timeout:g} s; stopping "
+                            f"{', '.join(left)}")
+            return TIMED_OUT
         for p in processes:
             code = p.popen.poll()
             if code is not None and code != 0:
@@ -158,17 +187,38 @@ def _say(out: TextIO, lock, message: str) -> None:
         out.flush()
 
 
+def _signal_group(p: _Process, signum: int) -> None:
+    """``signum`` to ``p``'s process group (what it started too); gone already: nothing."""
+    try:
+        os.killpg(p.popen.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _stop(processes: list[_Process]) -> None:
-    running = [p for p in processes if p.popen.poll() is None]
-    for p in running:
-        p.popen.terminate()
+    """SIGTERM to every process group, SIGKILL to those left after ``STOP`` seconds (a
+    group's leader that exited may leave members: they are signalled all the same). A
+    signal to the launcher meanwhile waits until they are all stopped."""
+    held = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        _stop_groups(processes)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _stop_groups(processes: list[_Process]) -> None:
+    for p in processes:
+        _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + STOP
-    for p in running:
+    for p in processes:
         try:
             p.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.popen.kill()
-            p.popen.wait()
+            pass
+    for p in processes:
+        _signal_group(p, signal.SIGKILL)
+        p.popen.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,17 +228,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "with ps-lite's scheduler and S servers.")
     parser.add_argument("-n", "--workers", type=int, required=True, help="worker processes")
     parser.add_argument("-s", "--servers", type=int, default=1, help="server processes")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds the whole run may take; then every process is stopped "
+                             f"and the exit code is {TIMED_OUT}")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command each worker runs, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    def stop(signum, frame):
+        raise Stopped(signum)
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT,
+                                                    signal.SIGHUP)}
     try:
-        return launch(command, args.workers, args.servers)
+        return launch(command, args.workers, args.servers, timeout=args.timeout)
     except TofuError as e:
         print(f"python -m tofu_mx.launch: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except Stopped as e:        # launch() stopped every process group on its way out
+        print(f"python -m tofu_mx.launch: stopped by {e}; every process it started is "
+              f"stopped", file=sys.stderr)
+        return 128 + e.signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 """python -m tofu_mx.launch: ps-lite's scheduler, servers and workers on loopback."""
+import io
+import os
+import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import numpy as np
 import pytest
 
-from tofu_mx.launch import main
+from tofu_mx.launch import launch, main
 
 PUSH_PULL = """
 import mxnet as mx
@@ -89,8 +93,8 @@ def test_a_killed_worker_stops_the_run_at_once_and_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["-n", "0", "--", "true"], "workers must be at least 1"),
-    (["-n", "2", "-s", "0", "--", "true"], "servers must be at least 1"),
+    (["-n", "0", "--", "true"], "workers (-n) must be between 1 and 256"),
+    (["-n", "2", "-s", "0", "--", "true"], "servers (-s) must be between 1 and 256"),
     (["-n", "2", "--"], "must be a non-empty list"),
     (["-n", "1", "--", "/no/such/program"], "cannot start the worker 0"),
 ])
@@ -98,3 +102,75 @@ def test_bad_arguments_get_one_line_and_code_2(argv, match, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1
+
+
+def _marked(marker: str) -> list[int]:
+    """Processes (but this one) whose environment holds ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+HANG = [sys.executable, "-c", "import os, time; print('up', flush=True); time.sleep(600)"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_stops_everything_it_started(signum, tmp_path):
+    """Seen: after SIGTERM the launcher exited and its 4 processes ran on; after SIGINT it
+    did not exit within 30 s. Each worker here also starts a child of its own."""
+    marker = f"TOFU_LAUNCH_TEST={uuid.uuid4().hex}"
+    name, value = marker.split("=")
+    worker = [sys.executable, "-c",
+              "import subprocess, sys, time; "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+              "print('up', flush=True); time.sleep(600)"]
+    launcher = subprocess.Popen([sys.executable, "-m", "tofu_mx.launch", "-n", "2", "--",
+                                 *worker], env={**os.environ, name: value},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        up = 0
+        for line in launcher.stdout:
+            up += line.endswith("up\n")
+            if up == 2:
+                break
+        started = _marked(marker)
+        assert len(started) >= 7     # launcher, scheduler, server, 2 workers, their children
+        launcher.send_signal(signum)
+        assert launcher.wait(timeout=15) == 128 + signum
+        deadline = time.monotonic() + 5
+        while _marked(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _marked(marker) == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in _marked(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_hung_run_is_stopped_after_its_timeout():
+    start = time.monotonic()
+    out = io.StringIO()
+    assert launch(HANG, 1, timeout=2.0, out=out) == 124
+    assert time.monotonic() - start < 15
+    assert "--timeout 2 s" in out.getvalue()
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["-n", "100000000", "--", "true"], "workers (-n) must be between 1 and 256"),
+    (["-n", "1", "-s", "999", "--", "true"], "servers (-s) must be between 1 and 256"),
+    (["-n", "1", "--timeout", "-3", "--", "true"], "timeout (--timeout) must be"),
+])
+def test_absurd_counts_are_refused_before_anything_starts(argv, match, capsys):
+    """Seen: a MemoryError traceback for a huge -n."""
+    assert main(argv) == 2
+    assert match in capsys.readouterr().err
