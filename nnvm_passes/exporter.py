@@ -48,6 +48,12 @@ def graph_to_json(graph: Graph) -> dict:
     }
 
 
+def symbol_from_json(js: dict) -> mx.sym.Symbol:
+    """MXNet's Symbol of a JSON graph (a dict). Names stay as they are, not escaped: MXNet's
+    JSON reader knows no ``\\u`` escape, and names may be any text (``données``)."""
+    return mx.sym.load_json(json.dumps(js, ensure_ascii=False))
+
+
 def export_symbol(graph: Graph) -> mx.sym.Symbol:
     """An ``mx.sym.Symbol`` computing ``graph``."""
-    return mx.sym.load_json(json.dumps(graph_to_json(graph)))
+    return symbol_from_json(graph_to_json(graph))

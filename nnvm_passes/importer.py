@@ -23,6 +23,7 @@ import numpy as np
 from mxnet.base import _LIB, SymbolHandle, c_array_buf, c_str_array, check_call, mx_uint
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX, _int64_enabled
 
+from nnvm_passes.exporter import symbol_from_json
 from nnvm_passes.ir import (NO_EXTRA, Entry, FrozenDict, Graph, Node, TensorInfo, is_hidden_attr,
                             parse_attr_value)
 from tofu_mx.errors import (InvalidArgumentError, NotASymbolError, ShapeInferenceError,
@@ -156,7 +157,7 @@ def all_entries_symbol(js: dict) -> mx.sym.Symbol:
     row_ptr = js["node_row_ptr"]
     heads = [[nid, k, 0] for nid in range(len(js["nodes"]))
              for k in range(row_ptr[nid + 1] - row_ptr[nid])]
-    return mx.sym.load_json(json.dumps(dict(js, heads=heads)))
+    return symbol_from_json(dict(js, heads=heads))
 
 
 def _lists_every_entry(js: dict, names: list[str]) -> bool:
@@ -274,10 +275,10 @@ def _one_node_symbol(op: str, attrs: tuple, n_inputs: int, heads: list) -> mx.sy
     nodes = [{"op": "null", "name": f"in{k}", "inputs": []} for k in range(n_inputs)]
     nodes.append({"op": op, "name": "node", "attrs": dict(attrs),
                   "inputs": [[k, 0, 0] for k in range(n_inputs)]})
-    return mx.sym.load_json(json.dumps({
+    return symbol_from_json({
         "nodes": nodes, "arg_nodes": list(range(n_inputs)),
         "heads": [[n_inputs, k, 0] for k in heads],
-        "attrs": {"mxnet_version": ["int", _VERSION]}}))
+        "attrs": {"mxnet_version": ["int", _VERSION]}})
 
 
 @functools.lru_cache(maxsize=1 << 10)
@@ -633,7 +634,7 @@ def import_symbol(symbol: mx.sym.Symbol, *, dtypes: Mapping[str, Any] | None = N
             for name in shapes if name not in aux_names and not name.endswith("label")}
         js = json.loads(text.result())
         if _unique_operator_names(js):
-            symbol = mx.sym.load_json(json.dumps(js))
+            symbol = symbol_from_json(js)
         internals = internals_of(symbol)
         if invalid is not None:
             raise invalid

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 import mxnet as mx
 import numpy as np
 
-from nnvm_passes.exporter import graph_to_json
+from nnvm_passes.exporter import graph_to_json, symbol_from_json
 from nnvm_passes.importer import _VERSION, all_entries_symbol, import_symbol
 from nnvm_passes.ir import Entry, FrozenDict, Graph, Node, TensorInfo, format_attr_value, \
     is_hidden_attr
@@ -346,9 +346,9 @@ def _template_infos(signature: tuple) -> tuple[tuple[str, tuple[TensorInfo, ...]
                          "inputs": [[r[1], 0, 0] if r[0] == "in" else [n + r[0], r[1], 0]
                                     for r in reads]})
     # every emitted node a head (its outputs counted by MXNet: load, then read back)
-    symbol = mx.sym.load_json(json.dumps({"nodes": js_nodes, "arg_nodes": list(range(n)),
-                                          "heads": [[n + k, 0, 0] for k in range(len(signature))],
-                                          "attrs": {"mxnet_version": ["int", _VERSION]}}))
+    symbol = symbol_from_json({"nodes": js_nodes, "arg_nodes": list(range(n)),
+                               "heads": [[n + k, 0, 0] for k in range(len(signature))],
+                               "attrs": {"mxnet_version": ["int", _VERSION]}})
     js = json.loads(symbol.tojson())
     everything = all_entries_symbol(js)
     try:
@@ -395,7 +395,7 @@ def _mxnet_order(reads: list[tuple], heads: list[tuple[int, int]]) -> list[int]:
 def _reimport(graph: Graph, js: dict) -> Graph:
     js = dict(js)
     js.pop("node_row_ptr", None)
-    symbol = mx.sym.load_json(json.dumps(js))
+    symbol = symbol_from_json(js)
     variables = {n.name: n for n in graph.variables()}
     _check_inputs(graph, symbol.list_arguments() + symbol.list_auxiliary_states())
     result = import_symbol(symbol, dtypes={k: v.outputs[0].dtype for k, v in variables.items()},

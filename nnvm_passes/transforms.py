@@ -7,6 +7,7 @@ from typing import Callable
 import mxnet as mx
 import numpy as np
 
+from nnvm_passes.exporter import symbol_from_json
 from nnvm_passes.importer import symbol_json
 from nnvm_passes.ir import FrozenDict, Graph, is_hidden_attr
 from tofu_mx.errors import TofuError
@@ -65,6 +66,6 @@ def cast_floats(symbol: mx.sym.Symbol, dtype: str) -> tuple[mx.sym.Symbol, dict[
             attrs["__dtype__"] = code
         else:
             kept[node["name"]] = np.dtype(_DTYPE_MX_TO_NP[int(declared)]).name
-    cast = mx.sym.load_json(json.dumps(js))
+    cast = symbol_from_json(js)
     names = cast.list_arguments() + cast.list_auxiliary_states()
     return cast, {name: kept.get(name, dtype) for name in names}

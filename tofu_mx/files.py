@@ -127,7 +127,7 @@ def load_symbol(path: str) -> mx.sym.Symbol:
     _check_graph(graph, where)
     _check_output_indices(graph, where)
     # MXNet reads the graph as checked, not the text: a key written twice is read once here
-    return _mxnet_load(json.dumps(graph), where)
+    return _mxnet_load(json.dumps(graph, ensure_ascii=False), where)
 
 
 def _mxnet_load(text: str, where: str) -> mx.sym.Symbol:
@@ -267,7 +267,7 @@ def _check_output_indices(graph: dict, where: str) -> None:
     copy = dict(graph, nodes=[dict(n, name=f"n{i}", inputs=[[e[0], 0, 0] for e in n["inputs"]])
                               for i, n in enumerate(nodes)],
                 heads=[[nid, 0, 0] for nid in dict.fromkeys(e[0] for e, _ in reads)])
-    saved = json.loads(symbol_json(_mxnet_load(json.dumps(copy), where)))
+    saved = json.loads(symbol_json(_mxnet_load(json.dumps(copy, ensure_ascii=False), where)))
     row_ptr = saved["node_row_ptr"]
     outputs = {n["name"]: row_ptr[i + 1] - row_ptr[i] for i, n in enumerate(saved["nodes"])}
     for entry, what in reads:

@@ -1291,3 +1291,21 @@ def test_custom_op_without_kwargs_does_not_kill_the_process(what):
     assert done.returncode >= 0, f"{what}: killed by signal {-done.returncode}:\n{tail}"
     assert done.returncode == 0, f"{what}: exit code {done.returncode}, not a TofuError:\n{tail}"
     assert "RESULT" in done.stdout, tail
+
+
+def test_names_mxnet_accepts_are_accepted_unicode_included(tmp_path):
+    """Seen: 'MXNetError: unknown string escape \\u' for a variable named données, through
+    partition() and through a --symbol file Symbol.save wrote (MXNet's JSON reader knows no
+    \\u escape; the names are handed to it as they are)."""
+    import mxnet as mx
+    x = mx.sym.var("données")
+    y = mx.sym.FullyConnected(x, num_hidden=4, name="couche_é")
+    sym = mx.sym.MakeLoss(mx.sym.sum(y * y), name="perte")
+    ctx = [mx.cpu(0), mx.cpu(1)]
+    ptd = tofu_mx.partition(sym, ctx, données=(4, 6), dtypes={"données": "float64"})
+    assert tofu_mx.verify(sym, ptd, ctx, données=(4, 6), dtypes={"données": "float64"}).ok
+    assert {s.source for s in ptd.shards} >= {"données", "couche_é_weight"}
+    path = tmp_path / "réseau-symbol.json"
+    sym.save(str(path))
+    from tofu_mx.files import load_symbol
+    assert load_symbol(str(path)).list_arguments() == sym.list_arguments()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -12,6 +11,7 @@ from typing import Any, Mapping, Sequence
 import mxnet as mx
 import numpy as np
 
+from nnvm_passes.exporter import symbol_from_json
 from nnvm_passes.importer import check_symbol, import_symbol
 from nnvm_passes.ir import Graph
 from nnvm_passes.placement import placed_group
@@ -65,7 +65,7 @@ class PartitionedSymbol:
         self.reference = reference
         self.graph, self.plan, self.assignment = graph, plan, assignment
         self.contexts = list(contexts)
-        self.symbol = mx.sym.load_json(json.dumps(result.json))
+        self.symbol = symbol_from_json(result.json)
         self.group2ctx = {group_name(i): c for i, c in enumerate(self.contexts)}
         self.shards: tuple[VarShard, ...] = tuple(result.shards)
         self.node_counts = result.counts

@@ -16,7 +16,6 @@ import ctypes
 import dataclasses
 import functools
 import inspect
-import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -24,6 +23,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, c_str, check_call, py_str
 
+from nnvm_passes.exporter import symbol_from_json
 from nnvm_passes.importer import import_symbol
 from nnvm_passes.ir import FrozenDict, Graph, format_attr_value, is_hidden_attr, parse_attr_value
 from tofu_mx.tdl.lang import (Access, Bin, Cmp, DataIndex, Depends, Expr, Reduce, TDLError,
@@ -317,7 +317,7 @@ def single_op_symbol(op: str, attrs: Mapping[str, str], n_inputs: int,
           "heads": [[n_inputs, j, 0] for j in range(n_outputs)],
           "attrs": {"mxnet_version": ["int", 10901]}}
     try:
-        return mx.sym.load_json(json.dumps(js))
+        return symbol_from_json(js)
     except mx.base.MXNetError as e:
         raise TDLError(f"MXNet has no operator {op!r} that takes {n_inputs} inputs with "
                        f"attributes {dict(attrs)}: {str(e).splitlines()[0]}") from e
