@@ -375,7 +375,7 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
        loss: bool = False, gradient: bool = True, random: bool = False,
        domain: tuple[float, float] | None = None,
        lowering: Callable | None = None,
-       recompute: bool = True) -> Callable[[Callable], Callable]:
+       recompute: bool = True, check: bool | None = None) -> Callable[[Callable], Callable]:
     """Register the decorated function as the description of operator ``name``.
 
     ``examples``: ``(attrs, input shapes)`` pairs, or ``(attrs, input shapes, {input
@@ -391,6 +391,9 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
     (:class:`OpFacts`).
     ``domain``: ``(low, high)`` to draw the check's float inputs from, for an operator defined
     on part of the line only (``arccosh`` on [1, inf)); [-1, 1) by default.
+    ``check``: compare every example with MXNet's kernel now, refusing a description that
+    contradicts it (:class:`TDLError` with the first differing example); by default for
+    every description but the built-in ones (which the test suite checks).
     """
     if name in _REGISTRY and not replace:
         raise TDLError(f"{name!r} already has a description ({_REGISTRY[name]!r:.80}); pass "
@@ -420,9 +423,23 @@ def op(name: str, *, examples: Sequence[tuple[Mapping[str, Any], Sequence[Sequen
             node = graph.nodes[-1]
             trace(desc, Attrs(attrs), [graph.tensor(e).shape for e in node.inputs],
                   [t.shape for t in node.outputs])
+        if check if check is not None else not fn.__module__.startswith("tofu_mx.ops"):
+            _check_against_kernel(desc)
         _store(name, desc)
         return fn
     return register
+
+
+def _check_against_kernel(desc: Description) -> None:
+    from tofu_mx.tdl.check import check_example
+    for ex in desc.examples:
+        result = check_example(desc, ex)
+        if not result.ok:
+            raise TDLError(f"description of {desc.op!r} contradicts MXNet's kernel on its "
+                           f"example {dict(ex.attrs)} with inputs {list(ex.shapes)}: "
+                           f"{result.message or 'it differs'} (max abs err "
+                           f"{result.max_abs_err:.3g}); fix the description, or pass "
+                           f"check=False to register it unchecked")
 
 
 def unregister(name: str) -> Description | Opaque | None:

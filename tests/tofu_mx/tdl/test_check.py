@@ -111,3 +111,55 @@ def test_the_share_check_fails_on_a_hook_that_forgets_the_input_size():
     desc = dataclasses.replace(registered()["_contrib_BilinearResize2D"], shard=forgetful)
     bad = [r for ex in desc.examples for r in check_shares(desc, ex, 2) if not r.ok]
     assert bad and "MISMATCH" in str(bad[0])
+
+
+class _Centre(__import__("mxnet").operator.CustomOp):
+    """y = x - mean(x, axis=1)"""
+
+    def forward(self, is_train, req, in_data, out_data, aux):
+        x = in_data[0]
+        self.assign(out_data[0], req[0], x - x.mean(axis=1, keepdims=True))
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        g = out_grad[0]
+        self.assign(in_grad[0], req[0], g - g.mean(axis=1, keepdims=True))
+
+
+def _register_centre():
+    import mxnet as mx
+
+    @mx.operator.register("tofu_test_centre")
+    class CentreProp(mx.operator.CustomOpProp):
+        def __init__(self):
+            super().__init__(need_top_grad=True)
+
+        def list_arguments(self):
+            return ["data"]
+
+        def infer_shape(self, in_shape):
+            return in_shape, [in_shape[0]], []
+
+        def create_operator(self, ctx, shapes, dtypes):
+            return _Centre()
+
+
+def test_a_description_contradicting_its_kernel_is_refused_at_registration():
+    """Seen: a custom operator described as y = x for a kernel computing x - mean(x, axis=1)
+    was registered without complaint (README says examples are checked at registration),
+    and at batch 1 a plan split its row axis. The right description registers."""
+    from tofu_mx.tdl import Sum, lam, op
+    from tofu_mx.tdl.lang import TDLError
+    from tofu_mx.tdl.registry import unregister
+    _register_centre()
+    with pytest.raises(TDLError, match="contradicts MXNet's kernel on its example .*"
+                                       r"\[\(2, 3\)\]: output 0 differs"):
+        op("Custom:tofu_test_centre", examples=[({}, [(2, 3)])])(
+            lambda attrs, data: lam(2, lambda b, i: data[b, i]))
+    assert lookup("Custom:tofu_test_centre") is None
+    try:
+        op("Custom:tofu_test_centre", examples=[({}, [(2, 3)])])(
+            lambda attrs, data: lam(2, lambda b, i: data[b, i] - Sum(
+                lambda j: data[b, j]) / data.shape[1]))
+        assert lookup("Custom:tofu_test_centre") is not None
+    finally:
+        unregister("Custom:tofu_test_centre")
