@@ -27,7 +27,7 @@ from nnvm_passes.exporter import symbol_from_json
 from nnvm_passes.ir import (NO_EXTRA, Entry, FrozenDict, Graph, Node, TensorInfo, is_hidden_attr,
                             parse_attr_value)
 from tofu_mx.errors import (InvalidArgumentError, NotASymbolError, ShapeInferenceError,
-                            UnknownInputError)
+                            UnknownInputError, mxnet_message)
 
 #: ``(op, parsed attributes) -> input positions that are labels``: how the importer learns
 #: which variables are labels (the operator descriptions declare it; see tofu_mx.tdl).
@@ -48,6 +48,17 @@ def check_symbol(symbol: Any, what: str = "symbol") -> mx.sym.Symbol:
     return symbol
 
 
+def _saved(symbol: mx.sym.Symbol, remove_amp_cast: bool) -> str:
+    try:
+        return symbol.tojson(remove_amp_cast=remove_amp_cast)
+    except mx.base.MXNetError as e:   # nnvm's save meets a node twice on a path: a cycle
+        raise InvalidArgumentError(
+            f"MXNet cannot save the symbol as JSON ({mxnet_message(e)}): its graph has a "
+            f"cycle (a node among its own inputs, as mx.sym.load_json of an edited graph may "
+            f"give); give a symbol built with mx.sym or Gluon, or loaded from a saved file")\
+            from e
+
+
 def symbol_json(symbol: mx.sym.Symbol, keep_amp_casts: bool = False) -> str:
     """``symbol.tojson()``, without its leak: MXNet 1.9.1's ``tojson()`` saves a copy of the
     graph with its ``amp_cast`` nodes removed and never frees that copy (apache/mxnet#19574),
@@ -56,7 +67,7 @@ def symbol_json(symbol: mx.sym.Symbol, keep_amp_casts: bool = False) -> str:
     is saved directly (copying it took a third of importing 100,000 operators).
     ``keep_amp_casts``: the graph as it computes, AMP's casts kept (without them a mixed
     precision graph's float16 weights meet float32 data)."""
-    text = symbol.tojson(remove_amp_cast=False)
+    text = _saved(symbol, remove_amp_cast=False)
     if keep_amp_casts or "amp_cast" not in text and "amp_multicast" not in text:
         return text     # nothing to remove (the pass only unplugs those operators' nodes)
     handle = SymbolHandle()

@@ -390,7 +390,7 @@ HOSTILE = {
     "heads 0": (["summary", "transformer", "--heads", "0"], None,
                 "--heads must be between 1 and 2147483647, got 0; e.g. --heads 16"),
     "max-states 0": (["plan", *TINY, "--max-states", "0"], None,
-                     "--max-states 0: SearchOptions.max_states must be at least 1, got 0"),
+                     "--max-states 0: SearchOptions.max_states must be between 1 and 4294967296, got 0"),
     "coarsen-above -1": (["draw", *TINY, "-o", "{tmp}/plan.dot", "--coarsen-above", "-1"], None,
                          "--coarsen-above must be at least 0, got -1"),
     "seed -1": (["verify", *TINY, "--seed", "-1"], None,

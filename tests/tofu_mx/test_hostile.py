@@ -1309,3 +1309,23 @@ def test_names_mxnet_accepts_are_accepted_unicode_included(tmp_path):
     sym.save(str(path))
     from tofu_mx.files import load_symbol
     assert load_symbol(str(path)).list_arguments() == sym.list_arguments()
+
+
+def test_a_cyclic_symbol_is_a_clear_error():
+    """Seen: 'MXNetError: _Map_base::at' for a cycle made with mx.sym.load_json."""
+    import mxnet as mx
+    x = mx.sym.var("x")
+    js = json.loads(mx.sym.relu(mx.sym.relu(x, name="a"), name="b").tojson())
+    js["nodes"][1]["inputs"] = [[2, 0, 0]]          # a reads b, b reads a
+    cyclic = mx.sym.load_json(json.dumps(js))
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="has a cycle"):
+        tofu_mx.partition(cyclic, [mx.cpu(0), mx.cpu(1)], x=(2, 3))
+
+
+@pytest.mark.parametrize("field, value", [("optimizer_state", 1e308), ("memory_weight", 1e300),
+                                          ("balance", 1e200), ("max_states", 1 << 62)])
+def test_search_options_past_any_meaning_are_refused(field, value):
+    """Seen: SearchOptions(optimizer_state=1e308) accepted, then an OverflowError."""
+    with pytest.raises(tofu_mx.InvalidArgumentError,
+                       match=f"SearchOptions.{field} must be .*(<=|and) "):
+        tofu_mx.SearchOptions(**{field: value})

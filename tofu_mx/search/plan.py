@@ -43,6 +43,16 @@ from tofu_mx.tdl.annotate import import_graph, registry_entry
 from tofu_mx.tdl.registry import Attrs, Description, facts, generation
 
 
+#: bounds of SearchOptions' numbers, past which they mean nothing more (and their products
+#: with byte counts would overflow): a state of 2**32 float64 entries already needs 32 GiB;
+#: no optimizer keeps a thousand copies of a parameter; a memory weight of a million prices
+#: memory above any byte moved; a device may hold a thousand times the ideal
+MAX_STATES = 1 << 32
+MAX_OPTIMIZER_STATE = 1000.0
+MAX_MEMORY_WEIGHT = 1e6
+MAX_BALANCE = 1000.0
+
+
 @dataclass(frozen=True)
 class SearchOptions:
     """Every tunable of the search, in one place (the CLI's flags come from these fields)."""
@@ -71,12 +81,14 @@ class SearchOptions:
         set_(self, "try_factor_orders",
              arguments.flag(self.try_factor_orders, "SearchOptions.try_factor_orders"))
         set_(self, "max_states", arguments.count(self.max_states, "SearchOptions.max_states",
-                                                 minimum=1, example="max_states=4_000_000"))
+                                                 minimum=1, maximum=MAX_STATES,
+                                                 example="max_states=4_000_000"))
         set_(self, "optimizer_state", arguments.real(
             self.optimizer_state, "SearchOptions.optimizer_state", minimum=0,
+            maximum=MAX_OPTIMIZER_STATE,
             example="optimizer_state=1 for SGD with momentum, 2 for Adam"))
         set_(self, "balance", arguments.real(
-            self.balance, "SearchOptions.balance", minimum=0,
+            self.balance, "SearchOptions.balance", minimum=0, maximum=MAX_BALANCE,
             example="balance=1.15, or 0 for the fewest-bytes plan whatever it holds"))
         if 0 < self.balance < 1:
             raise InvalidArgumentError(f"SearchOptions.balance must be 0 (off) or at least 1 (a "
@@ -87,6 +99,7 @@ class SearchOptions:
             example="keep_share=0.03 (small copies kept) or 0 (every one fetched again)"))
         set_(self, "memory_weight", arguments.real(
             self.memory_weight, "SearchOptions.memory_weight", minimum=0,
+            maximum=MAX_MEMORY_WEIGHT,
             example="memory_weight=0 (fewest bytes moved) or 16 (less memory)"))
         if self.progress is not None:
             set_(self, "progress", arguments.flag(self.progress, "SearchOptions.progress"))
