@@ -1329,3 +1329,19 @@ def test_search_options_past_any_meaning_are_refused(field, value):
     with pytest.raises(tofu_mx.InvalidArgumentError,
                        match=f"SearchOptions.{field} must be .*(<=|and) "):
         tofu_mx.SearchOptions(**{field: value})
+
+
+def test_a_device_count_with_a_huge_prime_factor_is_refused_at_once():
+    """Seen: plan() at a prime near 2^20 gave no answer in 120 s. Counts whose prime factors
+    are all small (2^20 itself) still plan."""
+    import time
+
+    import mxnet as mx
+    y = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc")
+    sym = mx.sym.MakeLoss(mx.sym.sum(y * y))
+    start = time.monotonic()
+    with pytest.raises(tofu_mx.InvalidArgumentError,
+                       match=r"num_devices=1048573 has the prime factor 1048573.*e\.g\. "):
+        tofu_mx.plan(sym, 1048573, data=(16, 32))
+    assert time.monotonic() - start < 1.0
+    assert tofu_mx.plan(sym, 1 << 20, data=(16, 32)).num_devices == 1 << 20
