@@ -1345,3 +1345,17 @@ def test_a_device_count_with_a_huge_prime_factor_is_refused_at_once():
         tofu_mx.plan(sym, 1048573, data=(16, 32))
     assert time.monotonic() - start < 1.0
     assert tofu_mx.plan(sym, 1 << 20, data=(16, 32)).num_devices == 1 << 20
+
+
+def test_the_cli_takes_a_symbol_file_with_unicode_names(tmp_path):
+    """Seen: a --symbol file with names MXNet accepts (données) refused by the CLI."""
+    import mxnet as mx
+    x = mx.sym.var("données")
+    y = mx.sym.FullyConnected(x, num_hidden=4, name="couche_é")
+    path = tmp_path / "réseau-symbol.json"
+    mx.sym.MakeLoss(mx.sym.sum(y * y), name="perte").save(str(path))
+    done = subprocess.run([sys.executable, "-m", "tofu_mx", "plan", "--symbol", str(path),
+                           "--shape", "données=4,6", "--devices", "2"], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert "couche_é_weight" in done.stdout
