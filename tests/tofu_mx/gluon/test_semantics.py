@@ -53,6 +53,22 @@ def same_params(pnet, ref, tmp_path):
                                    err_msg=k)
 
 
+def trainers(pnet, ref, optimizer, opts):
+    """tofu_mx's Trainer of ``pnet`` and gluon's of ``ref``, with the same options."""
+    return (tg.Trainer(pnet, optimizer, dict(opts)),
+            gluon.Trainer(ref.collect_params(), optimizer, dict(opts)))
+
+
+def step_both(pnet, trainer, ref, ref_trainer, step):
+    """One step of each on batch ``step``: pnet.step, and Gluon's autograd loop."""
+    x, y = data(step)
+    pnet.step(x, y)
+    trainer.step(B)
+    with autograd.record():
+        LOSS(ref(x), y).backward()
+    ref_trainer.step(B)
+
+
 def partition(net, k=3):
     return tg.partition(net, [mx.cpu(i) for i in range(k)], loss=LOSS, data=(B, 5),
                         label=(B, 3))
@@ -64,8 +80,7 @@ def test_grad_req_add_accumulates_until_zero_grad(tmp_path):
     for n in (ref, net):
         n.collect_params().setattr("grad_req", "add")
     pnet = partition(net)
-    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1})
-    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", {"learning_rate": 0.1})
+    trainer, ref_trainer = trainers(pnet, ref, "sgd", {"learning_rate": 0.1})
     for step in range(3):
         for micro in range(2):
             x, y = data(10 * step + micro)
@@ -89,15 +104,9 @@ def test_frozen_parameters_stay_and_the_rest_train(tmp_path):
         n[0].weight.grad_req = "null"
     pnet = partition(net)
     frozen = net[0].weight.data().asnumpy()
-    trainer = tg.Trainer(pnet, "adam", {"learning_rate": 0.01})
-    ref_trainer = gluon.Trainer(ref.collect_params(), "adam", {"learning_rate": 0.01})
+    trainer, ref_trainer = trainers(pnet, ref, "adam", {"learning_rate": 0.01})
     for step in range(3):
-        x, y = data(step)
-        pnet.step(x, y)
-        trainer.step(B)
-        with autograd.record():
-            LOSS(ref(x), y).backward()
-        ref_trainer.step(B)
+        step_both(pnet, trainer, ref, ref_trainer, step)
     same_params(pnet, ref, tmp_path)
     got = mx.nd.load(str(tmp_path / "p.params"))["0.weight"].asnumpy()
     np.testing.assert_array_equal(got, frozen)
@@ -139,15 +148,8 @@ def test_ignore_stale_grad_skips_the_update(tmp_path):
     """Seen: the previous step's gradient applied again; Gluon skips a stale gradient."""
     ref, net = pair()
     pnet = partition(net)
-    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1, "momentum": 0.9})
-    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd",
-                                {"learning_rate": 0.1, "momentum": 0.9})
-    x, y = data(0)
-    pnet.step(x, y)
-    trainer.step(B)
-    with autograd.record():
-        LOSS(ref(x), y).backward()
-    ref_trainer.step(B)
+    trainer, ref_trainer = trainers(pnet, ref, "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    step_both(pnet, trainer, ref, ref_trainer, 0)
     ref_trainer.step(B, ignore_stale_grad=True)
     trainer.step(B, ignore_stale_grad=True)
     same_params(pnet, ref, tmp_path)
@@ -156,8 +158,7 @@ def test_ignore_stale_grad_skips_the_update(tmp_path):
 def test_lr_and_wd_mult_and_learning_rate_changes_between_steps(tmp_path):
     ref, net = pair()
     pnet = partition(net)
-    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1, "wd": 0.01})
-    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", {"learning_rate": 0.1, "wd": 0.01})
+    trainer, ref_trainer = trainers(pnet, ref, "sgd", {"learning_rate": 0.1, "wd": 0.01})
     for step in range(4):
         if step == 2:
             for n in (ref, net):
@@ -165,27 +166,16 @@ def test_lr_and_wd_mult_and_learning_rate_changes_between_steps(tmp_path):
                 n[2].weight.wd_mult = 5.0
             trainer.set_learning_rate(0.05)
             ref_trainer.set_learning_rate(0.05)
-        x, y = data(step)
-        pnet.step(x, y)
-        trainer.step(B)
-        with autograd.record():
-            LOSS(ref(x), y).backward()
-        ref_trainer.step(B)
+        step_both(pnet, trainer, ref, ref_trainer, step)
     same_params(pnet, ref, tmp_path)
 
 
 def test_shared_parameters_train_as_in_gluon(tmp_path):
     ref, net = pair(shared=True)
     pnet = partition(net)
-    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1})
-    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", {"learning_rate": 0.1})
+    trainer, ref_trainer = trainers(pnet, ref, "sgd", {"learning_rate": 0.1})
     for step in range(3):
-        x, y = data(step)
-        pnet.step(x, y)
-        trainer.step(B)
-        with autograd.record():
-            LOSS(ref(x), y).backward()
-        ref_trainer.step(B)
+        step_both(pnet, trainer, ref, ref_trainer, step)
     same_params(pnet, ref, tmp_path)
 
 
