@@ -48,6 +48,9 @@ if _os.environ["MXNET_MKLDNN_ENABLED"] == "0":
 _os.environ.setdefault("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", "1000000")
 # With MKLDNN off, MXNet logs a "storage fallback" warning per operator; they are harmless.
 _os.environ.setdefault("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", "0")
+# MXNet logs "Subgraph backend MKLDNN is activated" at every bind (47-103 lines in a short
+# script); a value the user set is kept.
+_os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
 from tofu_mx.errors import (BindError, CheckpointError, ContextError,  # noqa: E402
                             InvalidArgumentError, NoFeasiblePlanError, NotASymbolError,

@@ -61,3 +61,24 @@ def test_users_float32_fused_rnn_layers_run_after_import(name, plain, imported):
     assert ours["dtype"] == "<class 'numpy.float32'>"
     for key in ("out", "grad"):
         np.testing.assert_allclose(ours[key], plain[name][key], rtol=1e-4, atol=1e-5)
+
+
+BIND_SCRIPT = """
+import mxnet as mx, numpy as np, tofu_mx
+y = mx.sym.BatchNorm(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3))
+for _ in range(3):
+    y.simple_bind(mx.cpu(), data=(2, 4), type_dict={"data": "float64"}).forward()
+"""
+
+
+@pytest.mark.parametrize("verbose, shown", [(None, False), ("1", True)])
+def test_mxnets_per_bind_subgraph_log_is_quiet_unless_asked_for(verbose, shown):
+    """Seen: 47-103 'Subgraph backend MKLDNN is activated' lines in README's snippets (which
+    import mxnet before tofu_mx)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MXNET_")}
+    if verbose is not None:
+        env["MXNET_SUBGRAPH_VERBOSE"] = verbose
+    done = subprocess.run([sys.executable, "-c", BIND_SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ("Subgraph backend" in done.stderr) is shown
