@@ -453,5 +453,12 @@ def main(argv: list[str] | None = None) -> int:
             return _error(f"MXNet failed: {mxnet_message(e)}; check the model and the shapes "
                           f"given (TOFU_MX_TRACEBACK=1 shows where it failed)")
         except BrokenPipeError:        # the reader went away (``tofu-mx plan ... | head``)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
+            return reader_gone()
+
+
+def reader_gone() -> int:
+    """What a command whose reader closed the pipe (``... | head``) returns: 0, quietly (the
+    reader had what it wanted); stdout goes to /dev/null so that Python's last flush at exit
+    raises nothing."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0

@@ -812,3 +812,16 @@ def test_an_mxnet_error_is_one_line_and_a_bug_is_a_traceback(tmp_path, capsys, m
 def test_mxnet_message(text, message):
     from tofu_mx.errors import mxnet_message
     assert mxnet_message(mx.base.MXNetError(text)) == message
+
+
+@pytest.mark.parametrize("command", ["-m tofu_mx.tdl --coverage --mxnet",
+                                     "-m tofu_mx summary rnn --layers 2 --hidden 64"])
+def test_output_piped_into_head_ends_quietly(command):
+    """Seen: ``python -m tofu_mx.tdl --coverage ... | head`` ended in a BrokenPipeError
+    traceback and exit code 1."""
+    done = subprocess.run(f"{sys.executable} {command} | head -n 1; "
+                          f"echo \"rc=${{PIPESTATUS[0]}}\"", shell=True, executable="/bin/bash",
+                          capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.stdout.strip().endswith("rc=0")

@@ -4,7 +4,7 @@ import sys
 
 import mxnet as mx
 
-from tofu_mx.cli import _shape
+from tofu_mx.cli import _shape, reader_gone
 from tofu_mx.errors import TofuError
 from tofu_mx.tdl.coverage import (builtin_graphs, coverage, format_coverage,
                                   format_mxnet_coverage, mxnet_coverage)
@@ -12,6 +12,13 @@ from tofu_mx.tdl.lang import TDLError
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:     # ``python -m tofu_mx.tdl --coverage ... | head``
+        return reader_gone()
+
+
+def _main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tofu_mx.tdl",
                                      description="operator description coverage")
     parser.add_argument("--coverage", action="store_true", required=True,
