@@ -205,20 +205,19 @@ def _assign_op(graph: Graph, i: int, strategies: Sequence[OpStrategy], factors: 
                                       f"whole on every device", loss)
     pads = pad_values(traced)
     shares = _described_shares(node, entry, traced, pads, levels, factors, parts)
-    unrunnable = isinstance(shares, str)
+    if not isinstance(shares, str):
+        return OpAssignment(tuple(shares), None, loss)
     # a share that cannot run: its last cuts run replicated instead, from the last one back
     # (each device computes its earlier cuts' share whole, a superset of what it stores)
     splitting = [j for j, (verb, _) in enumerate(levels) if verb != "replicate"]
-    for j in reversed(splitting[1:] if unrunnable else []):
+    for j in reversed(splitting[1:]):
         demoted = levels[:j] + [("replicate", None)] * (len(levels) - j)
         found = _described_shares(node, entry, traced, pads, demoted, factors, parts)
         if not isinstance(found, str):
             return OpAssignment(tuple(found), None, loss, unrunnable=True)
-    if unrunnable:
-        return dataclasses.replace(_whole_op(
-            graph, i, k, f"a planned share cannot run ({shares}): runs whole on every "
-                         f"device", loss), unrunnable=True)
-    return OpAssignment(tuple(shares), None, loss)
+    return dataclasses.replace(_whole_op(
+        graph, i, k, f"a planned share cannot run ({shares}): runs whole on every device",
+        loss), unrunnable=True)
 
 
 def _described_shares(node, entry: Description, traced, pads, levels, factors,

@@ -415,17 +415,17 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes
         budgets_of(memory_budget, k)        # before the import, which may take a while
     graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), k)
     if memory_budget is None:
-        plan = runnable_plan(graph, k, options)
+        plan, assignment = runnable_plan(graph, k, options)
         _check_operators(graph, plan, k, strict)
-        return apply_plan(symbol, graph, plan, contexts)
+        return _rewritten(symbol, graph, plan, assignment, contexts)
     budgets = budgets_of(memory_budget, k)
     applied = _Applied(symbol, graph, contexts)
 
     def measure(weight: float, refetch: bool = False, keep_share: float = 0.0):
         tried = _variant(options, weight, refetch, keep_share)
-        plan = runnable_plan(graph, k, tried)
+        plan, assignment = runnable_plan(graph, k, tried)
         _check_operators(graph, plan, k, strict)
-        ptd = applied(plan)
+        ptd = applied(plan, assignment)
         return trade_off(ptd, weight, tried.optimizer_state, keep_share), ptd
     others = [measure(options.memory_weight, True, share)
               for share in _refetch_shares(options)]
@@ -436,8 +436,9 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes
 MAX_REPAIRS = 4
 
 
-def runnable_plan(graph: Graph, k: int, options: SearchOptions) -> Plan:
-    """:func:`plan_graph`'s plan, searched again while some operator's share, once every
+def runnable_plan(graph: Graph, k: int, options: SearchOptions) -> tuple[Plan, Assignment]:
+    """:func:`plan_graph`'s plan and its assignment, searched again while some operator's
+    share, once every
     cut is composed, cannot run as the operator (the search judges each cut on an
     approximate view of the ones before): each time, those operators' strategies at their
     last splitting cut are kept off. Where that does not settle within
@@ -446,8 +447,9 @@ def runnable_plan(graph: Graph, k: int, options: SearchOptions) -> Plan:
     replicated."""
     avoid: frozenset = frozenset()
     plan = plan_graph(graph, k, options=options)
+    assignment = assign(graph, plan)
     for _ in range(MAX_REPAIRS):
-        bad = [graph.nodes[i].name for i, a in assign(graph, plan).ops.items() if a.unrunnable]
+        bad = [graph.nodes[i].name for i, a in assignment.ops.items() if a.unrunnable]
         if not bad:
             break
         ops = {o.name: o for o in plan.ops}
@@ -461,7 +463,8 @@ def runnable_plan(graph: Graph, k: int, options: SearchOptions) -> Plan:
             break
         avoid |= more
         plan = plan_graph(graph, k, options=options, avoid=avoid)
-    return plan
+        assignment = assign(graph, plan)
+    return plan, assignment
 
 
 class _Applied:
@@ -473,10 +476,11 @@ class _Applied:
         self.symbol, self.graph, self.contexts = symbol, graph, contexts
         self._done: dict[str, PartitionedSymbol] = {}
 
-    def __call__(self, plan: Plan) -> PartitionedSymbol:
+    def __call__(self, plan: Plan, assignment: Assignment) -> PartitionedSymbol:
         key = plan.to_json()
         if key not in self._done:
-            self._done[key] = apply_plan(self.symbol, self.graph, plan, self.contexts)
+            self._done[key] = _rewritten(self.symbol, self.graph, plan, assignment,
+                                         self.contexts)
         return self._done[key]
 
 
@@ -522,7 +526,7 @@ def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
             [(options.memory_weight, True, share) for share in _refetch_shares(options)]
         for weight, refetch, share in tries:
             tried = _variant(options, weight, refetch, share)
-            ptd = applied(plan_graph(graph, k, options=tried))
+            ptd = applied(*runnable_plan(graph, k, tried))
             points.append(trade_off(ptd, weight, tried.optimizer_state, share))
     return Frontier(pareto(points), ideal)
 
@@ -545,7 +549,12 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
         raise InvalidArgumentError("graph is not the import of symbol (their inputs differ); "
                                    "pass import_graph(symbol, **shapes)")
     check_plan(plan, graph, len(contexts))
-    assignment = assign(graph, plan)
+    return _rewritten(symbol, graph, plan, assign(graph, plan), contexts, ordered)
+
+
+def _rewritten(symbol: mx.sym.Symbol, graph: Graph, plan: Plan, assignment: Assignment,
+               contexts: Sequence[mx.Context], ordered: bool = False) -> PartitionedSymbol:
+    """:func:`apply_plan`'s rewrite and checks, given the plan's assignment."""
     result = rewrite(graph, assignment, ordered)
     ptd = PartitionedSymbol(symbol, graph, plan, assignment, result, list(contexts))
     _check_rewrite(ptd)
@@ -555,7 +564,7 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
     if whole:
         warnings.warn(f"{len(whole)} operator(s) run whole instead of split (see "
                       f"PartitionedSymbol.fallbacks): {'; '.join(whole[:5])}"
-                      f"{' ...' if len(whole) > 5 else ''}", RuntimeWarning, stacklevel=2)
+                      f"{' ...' if len(whole) > 5 else ''}", RuntimeWarning, stacklevel=3)
     return ptd
 
 

@@ -5,8 +5,9 @@ copy: the same symbol at a small batch (the data and label inputs' first axis, w
 share it, cut to ``batch``), partitioned over k CPU devices with the same cuts in the same
 order and, at every cut, each operator given the strategy the plan gave it (where the small
 graph has it), then :func:`tofu_mx.verify`: outputs, every gradient and aux state against one
-device, in float64 where MXNet runs the graph in float64 (else in its own dtypes against a
-float64 oracle, or against itself where MXNet has no float64 kernels).
+device, in float64 where MXNet runs the graph in float64 (every float input and weight
+cast, as Gluon pins its weights' dtype), else in its own dtypes against a float64 oracle, or
+against itself where MXNet has no float64 kernels.
 
 Its cost: one import and a search restricted to the plan's strategies at the small batch (a
 fraction of the partition's own time), one rewrite, and a forward and backward pass of the

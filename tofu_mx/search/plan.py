@@ -48,8 +48,6 @@ from tofu_mx.tdl.registry import Attrs, Description, facts, generation
 #: no optimizer keeps a thousand copies of a parameter; a memory weight of a million prices
 #: memory above any byte moved; a device may hold a thousand times the ideal
 MAX_STATES = 1 << 32
-#: the largest prime factor of a device count plan() searches for (see check_device_count)
-MAX_PRIME_FACTOR = 4096
 MAX_OPTIMIZER_STATE = 1000.0
 MAX_MEMORY_WEIGHT = 1e6
 MAX_BALANCE = 1000.0
@@ -484,6 +482,8 @@ MAX_FACTOR_ORDERS = 24
 #: the largest device count plan() takes: the search's work grows with log(k), but
 #: factoring k and the per-device tables grow with k
 MAX_DEVICES = 2 ** 20
+#: the largest prime factor of a device count plan() searches for (see check_device_count)
+MAX_PRIME_FACTOR = 4096
 
 
 def factor_orders(k: int, try_all: bool) -> list[tuple[int, ...]]:

@@ -95,16 +95,17 @@ def test_a_plan_that_several_weights_give_is_rewritten_once(monkeypatch):
     sym, shapes = models.wresnet(14, 1, 10), models.input_shapes("wresnet", 4, image_size=16)
     ctx = [mx.cpu(0), mx.cpu(1)]
     graph = lower_graph(import_graph(sym, **shapes), 2)
+    from tofu_mx.runtime.assign import assign
     calls = []
-    real = partitioned.apply_plan
-    monkeypatch.setattr(partitioned, "apply_plan",
+    real = partitioned._rewritten
+    monkeypatch.setattr(partitioned, "_rewritten",
                         lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     applied = partitioned._Applied(sym, graph, ctx)
     fewest = plan_graph(graph, 2, options=SearchOptions(refetch=False))
     again = plan_graph(graph, 2, options=SearchOptions(refetch=False))
     other = plan_graph(graph, 2)
     assert again is not fewest and again == fewest and other != fewest
-    first = applied(fewest)
-    assert applied(again) is first and len(calls) == 1
-    assert applied(other) is not first and len(calls) == 2
-    assert first.plan == fewest and applied(other).plan == other
+    first = applied(fewest, assign(graph, fewest))
+    assert applied(again, assign(graph, again)) is first and len(calls) == 1
+    assert applied(other, assign(graph, other)) is not first and len(calls) == 2
+    assert first.plan == fewest and applied(other, assign(graph, other)).plan == other

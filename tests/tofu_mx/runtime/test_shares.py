@@ -374,5 +374,6 @@ def test_the_search_is_repeated_with_an_unrunnable_share_kept_off():
     sym, shapes, k, _, _ = random_net(2809)
     graph = lower_graph(import_graph(sym, dtypes=float64(shapes), **shapes), k)
     first = [i for i, a in assign(graph, plan_graph(graph, k)).ops.items() if a.unrunnable]
-    again = runnable_plan(graph, k, SearchOptions())
-    assert first and not any(a.unrunnable for a in assign(graph, again).ops.values())
+    again, assignment = runnable_plan(graph, k, SearchOptions())
+    assert first and not any(a.unrunnable for a in assignment.ops.values())
+    assert assignment == assign(graph, again)
