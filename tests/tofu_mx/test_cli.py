@@ -225,14 +225,14 @@ def test_verify_fails_with_exit_1_when_the_partition_computes_something_else(
     """The rewrite is made to emit a wrong partitioned graph: one device's share of relu2
     computes a sigmoid. The graph still binds and runs; verify must find the difference."""
     from tofu_mx.runtime import partitioned
-    rewrite = partitioned.rewrite
+    emit = partitioned.emit
 
-    def wrong(graph, assignment, ordered=False):
-        result = rewrite(graph, assignment, ordered)
+    def wrong(program, ordered=False):
+        result = emit(program, ordered)
         (share,) = [n for n in result.json["nodes"] if n["name"] == "relu2@dev1"]
         share["attrs"]["act_type"] = "sigmoid"
         return result
-    monkeypatch.setattr(partitioned, "rewrite", wrong)
+    monkeypatch.setattr(partitioned, "emit", wrong)
     assert main(["verify", *mlp_file(tmp_path), "--devices", "cpu:2",
                  "--no-try-factor-orders"]) == 1
     out = capsys.readouterr().out
@@ -248,14 +248,14 @@ def test_verify_oracle_flag_judges_float32_against_float64(tmp_path, capsys, mon
     assert main(argv) == 0
     assert "of its allowance against the float64 oracle" in capsys.readouterr().out
     from tofu_mx.runtime import partitioned
-    rewrite = partitioned.rewrite
+    emit = partitioned.emit
 
-    def wrong(graph, assignment, ordered=False):
-        result = rewrite(graph, assignment, ordered)
+    def wrong(program, ordered=False):
+        result = emit(program, ordered)
         (share,) = [n for n in result.json["nodes"] if n["name"] == "relu2@dev1"]
         share["attrs"]["act_type"] = "sigmoid"
         return result
-    monkeypatch.setattr(partitioned, "rewrite", wrong)
+    monkeypatch.setattr(partitioned, "emit", wrong)
     assert main(argv + ["--no-try-factor-orders"]) == 1
     assert "DIFFERS: " in capsys.readouterr().out
 

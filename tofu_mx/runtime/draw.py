@@ -31,8 +31,9 @@ Symbol (which has a copy of every operator per device plus the conversion nodes)
 The bytes are those of the **forward pass**, as MXNet copies them: a value crosses to a
 device once however many operators there read it (the first reader's edge shows the bytes,
 the others none), and :func:`cross_device_bytes`, counted on the partitioned Symbol itself,
-equals the sum of everything drawn (the tests check it). They are found by following the
-rewrite's routing over the assignment's boxes (:class:`_Traffic`). The backward pass sends
+equals the sum of everything drawn (the tests check it). They are read off the partition's
+:class:`~nnvm_passes.program.Program` (:meth:`~nnvm_passes.program.Program.crossings`),
+which MXNet's graph is emitted from. The backward pass sends
 the gradients of those values back, so a tensor that carries a gradient moves about as much
 again; the plan's figure in the title counts both passes, by the search's cost model.
 
@@ -56,20 +57,19 @@ import html
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import graphviz
-import numpy as np
 
 from nnvm_passes.ir import Graph
 from nnvm_passes.placement import placed_group
 from tofu_mx.errors import InvalidArgumentError, TofuError
 from tofu_mx.files import atomic_write_bytes, check_writable
-from tofu_mx.search.cost import intersect, volume
+from nnvm_passes.program import Purpose
+from tofu_mx.search.cost import intersect
 from tofu_mx.search.cut import Cut, View
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import OPAQUE, analyse_node
@@ -137,10 +137,7 @@ class Picture:
             n.combine_bytes + n.variable_bytes + n.inner_bytes for n in self.nodes)
 
 
-# --- traffic: what the rewrite emits and what crosses devices --------------------------------
-Value = tuple[tuple, int, int]    # a value of the partitioned graph: (identity, device, bytes)
-
-
+# --- traffic: what the Program runs and what crosses devices -------------------------------
 def _clip(box: Box, shape: Sequence[int]) -> Box:
     """The part of ``box`` inside the tensor (beyond it is padding, made where it is read)."""
     return intersect(box, tuple((0, n - 1) for n in shape))
@@ -160,153 +157,43 @@ def _layout(boxes: Sequence[Box], shape: Sequence[int]) -> str:
             f"\u00d7{len(set(boxes))}")
 
 
+@dataclass(frozen=True)
 class _Traffic:
-    """Follows the rewrite (:mod:`nnvm_passes.rewrite`) from the graph's outputs backwards,
-    as it emits the partitioned graph, without building it: which shares of each operator
-    exist (one whose result nobody reads is never emitted), and which values cross devices.
+    """What the drawing reads of the plan: each tensor's distinct stored boxes, the devices
+    running a share of each operator (:attr:`Program.placement`), the boxes each operator
+    input is read in, and the bytes crossing devices (:meth:`Program.crossings`) by what
+    they were moved for: ``("read", op, input)``, ``("combine", op)`` or ``("output", k)``."""
 
-    A value lives on the device of the node that makes it; MXNet copies it once to each other
-    device whose nodes read it. Cutting a piece out of a value happens where the value's
-    holder is; joining pieces (``Concat``) and adding partial sums (``add_n``) on the device
-    that needs the result; a lone piece is used where it is. Each copy's bytes are booked to
-    the account that first needed it: ``("read", op, input)``, ``("combine", op)`` or
-    ``("output", k)``.
-    """
+    cells: dict[Tensor, dict[Box, list[int]]]
+    instances: dict[int, tuple[int, ...]]
+    read_boxes: dict[tuple[int, int], list[Box]]
+    accounts: dict[tuple, int]
 
-    def __init__(self, ptd: PartitionedSymbol):
-        graph = ptd.graph
-        self.graph, self.assignment = graph, ptd.assignment
-        self.cells: dict[Tensor, dict[Box, list[int]]] = {}
-        for t, boxes in ptd.assignment.stored.items():
-            for d, box in enumerate(boxes):
-                self.cells.setdefault(t, {}).setdefault(box, []).append(d)
-        self.memo: dict[tuple, object] = {}
-        self.copied: set[tuple] = set()
-        self.accounts: dict[tuple, int] = {}
-        self.instances: dict[int, set[int]] = {}      # operator -> devices running a share
-        self.read_boxes: dict[tuple[int, int], list[Box]] = {}   # (op, input) -> boxes read
-        limit = sys.getrecursionlimit()    # a few frames per operator, as in the rewrite
-        sys.setrecursionlimit(max(limit, 10 * len(graph.nodes) + 1000))
-        try:
-            for k, entry in enumerate(graph.heads):
-                whole = tuple((0, n - 1) for n in graph.tensor(entry).shape)
-                self.region((entry.node, entry.index), whole, 0, ("output", k))
-        finally:
-            sys.setrecursionlimit(limit)
 
-    def _nbytes(self, t: Tensor, box: Box | None) -> int:
-        info = self.graph.nodes[t[0]].outputs[t[1]]
-        size = volume(box) if box is not None else info.size
-        return size * np.dtype(info.dtype).itemsize
-
-    def copy(self, value: Value, d: int, account: tuple) -> None:
-        """A node on device ``d`` reads ``value``."""
-        identity, device, nbytes = value
-        if device != d and (identity, d) not in self.copied:
-            self.copied.add((identity, d))
-            self.accounts[account] = self.accounts.get(account, 0) + nbytes
-
-    def joined(self, pieces: list[tuple[Box, Value]], box: Box, d: int, t: Tensor,
-               account: tuple, identity: tuple) -> Value:
-        """Pieces tiling ``box``, joined on ``d`` (a lone piece is used where it is)."""
-        if len(pieces) == 1 and pieces[0][0] == box:
-            return pieces[0][1]
-        for _, piece in pieces:
-            self.copy(piece, d, account)
-        return identity, d, self._nbytes(t, box)
-
-    def cut(self, value: Value, held: Box, box: Box, device: int, t: Tensor,
-            account: tuple) -> Value:
-        """``box`` out of ``value`` (which holds ``held``), cut on ``device``."""
-        if held == box:
-            return value
-        self.copy(value, device, account)
-        return ("cut", value[0], box), device, self._nbytes(t, box)
-
-    def instance(self, i: int, d: int) -> list[Value]:
-        key = ("op", i, d)
-        if key not in self.memo:
-            node, share = self.graph.nodes[i], self.assignment.ops[i].shares[d]
-            self.instances.setdefault(i, set()).add(d)
-            if share.views is not None:       # no operator: output j is a region of input 0
-                e = node.inputs[0]
-                self.read_boxes.setdefault((i, 0), []).extend(share.views)
-                self.memo[key] = [self.region((e.node, e.index), box, d, ("read", i, 0))
-                                  for box in share.views]
-                return self.memo[key]
-            for j, (e, box) in enumerate(zip(node.inputs, share.inputs)):
-                src = self.graph.nodes[e.node]
-                if box is None or (src.is_variable and src.kind == "aux"):
-                    continue                   # aux states: each device updates its own
-                self.read_boxes.setdefault((i, j), []).append(box)
-                self.copy(self.region((e.node, e.index), box, d, ("read", i, j)), d,
-                          ("read", i, j))
-            self.memo[key] = [(("op", i, d, j), d, self._nbytes((i, j), share.outputs[j]))
-                              for j in range(len(node.outputs))]
-        return self.memo[key]
-
-    def stored(self, t: Tensor, d: int) -> Value:
-        """Device ``d``'s stored box of operator output ``t``."""
-        key = ("stored", t, d)
-        if key in self.memo:
-            return self.memo[key]
-        op, box, account = self.assignment.ops[t[0]], self.assignment.stored[t][d], \
-            ("combine", t[0])
-        computed: dict[tuple, list[int]] = {}
-        for e, share in enumerate(op.shares):
-            if share is not None:
-                computed.setdefault((share.outputs[t[1]], share.key), []).append(e)
-        by_box: dict[Box, list[list[int]]] = {}
-        for (c, _), devices in computed.items():
-            by_box.setdefault(c, []).append(devices)
-        partial = next(s for s in op.shares if s is not None).partial
-        pieces = []
-        for c, options in by_box.items():
-            inter = intersect(box, c)
-            if volume(inter) == 0:
+def _traffic(ptd: PartitionedSymbol) -> _Traffic:
+    graph, assignment, program = ptd.graph, ptd.assignment, ptd.program
+    cells: dict[Tensor, dict[Box, list[int]]] = {}
+    for t, boxes in assignment.stored.items():
+        for d, box in enumerate(boxes):
+            cells.setdefault(t, {}).setdefault(box, []).append(d)
+    read_boxes: dict[tuple[int, int], list[Box]] = {}
+    for i, devices in program.placement.items():
+        for d in devices:
+            share = assignment.ops[i].shares[d]
+            if share.views is not None:      # no operator: output j is a region of input 0
+                read_boxes.setdefault((i, 0), []).extend(share.views)
                 continue
-            mine = [g for g in options if d in g and not op.loss]
-            devices = mine[0] if mine else options[0]
-            if partial is None:
-                src = d if d in devices and not op.loss else devices[0]
-                pieces.append((inter, self.cut(self.instance(t[0], src)[t[1]], c, inter, src,
-                                               t, account)))
-                continue
-            parts = [self.cut(self.instance(t[0], e)[t[1]], c, inter, e, t, account)
-                     for e in devices]
-            if len(parts) > 1:             # partial results added up on d
-                for part in parts:
-                    self.copy(part, d, account)
-                parts = [(("combined", t, inter, d), d, self._nbytes(t, inter))]
-            pieces.append((inter, parts[0]))
-        self.memo[key] = self.joined(pieces, box, d, t, account, ("stored", t, d))
-        return self.memo[key]
-
-    def region(self, t: Tensor, box: Box, d: int, account: tuple) -> Value:
-        """Tensor ``t``'s values in ``box`` on device ``d`` (beyond its bounds: padding)."""
-        key = ("region", t, box, d)
-        if key in self.memo:
-            return self.memo[key]
-        node = self.graph.nodes[t[0]]
-        inner = _clip(box, node.outputs[t[1]].shape)
-        if inner != box:                   # padding is made on d, joined with the inside
-            self.copy(self.region(t, inner, d, account), d, account)
-            self.memo[key] = ("padded", t, box, d), d, self._nbytes(t, box)
-            return self.memo[key]
-        pieces = []
-        for cell, holders in self.cells[t].items():
-            inter = intersect(box, cell)
-            if volume(inter) == 0:
-                continue
-            if node.is_variable:           # one variable per distinct box, on its first holder
-                src = holders[0]
-                value = (("var", t, cell), src, self._nbytes(t, cell))
-            else:
-                src = d if d in holders else holders[0]
-                value = self.stored(t, src)
-            pieces.append((inter, self.cut(value, cell, inter, src, t, account)))
-        self.memo[key] = self.joined(pieces, box, d, t, account, ("region", t, box, d))
-        return self.memo[key]
+            for j, (e, box) in enumerate(zip(graph.nodes[i].inputs, share.inputs)):
+                src = graph.nodes[e.node]
+                if box is not None and not (src.is_variable and src.kind == "aux"):
+                    read_boxes.setdefault((i, j), []).append(box)
+    accounts: dict[tuple, int] = {}
+    for crossing in program.crossings():
+        a = crossing.account
+        key = (a.purpose.value, a.node, a.input) if a.purpose is Purpose.READ else \
+            (a.purpose.value, a.node)
+        accounts[key] = accounts.get(key, 0) + crossing.nbytes
+    return _Traffic(cells, dict(program.placement), read_boxes, accounts)
 
 
 def cross_device_bytes(ptd: PartitionedSymbol) -> int:
@@ -330,7 +217,7 @@ def picture(ptd: PartitionedSymbol, coarsen: bool | None = None,
     ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
     coarsen = len(ops) > max_operators if coarsen is None else coarsen
     parts = ptd.plan.factors[0] if ptd.plan.factors else 2
-    traffic = _Traffic(ptd)
+    traffic = _traffic(ptd)
     opaque = {i: a.reason for i in ops for a in [analyse_node(graph, i, parts)]
               if a.status == OPAQUE}
     if coarsen:     # the copies of the first cut's groups, as the search coarsens the graph

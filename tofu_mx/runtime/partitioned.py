@@ -1,4 +1,4 @@
-"""``partition()``: import -> annotate -> coarsen -> search -> rewrite -> check, and the
+"""``partition()``: import -> annotate -> coarsen -> search -> route -> emit -> check, and the
 :class:`PartitionedSymbol` it returns (binding, parameters, checkpoints, memory)."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from nnvm_passes.exporter import symbol_from_json
 from nnvm_passes.importer import check_symbol, import_symbol
 from nnvm_passes.ir import Graph
 from nnvm_passes.placement import placed_group
-from nnvm_passes.rewrite import RewriteResult, VarShard, rewrite
+from nnvm_passes.emit import RewriteResult, emit
+from nnvm_passes.program import Program, VarShard, route
 from tofu_mx import arguments
 from tofu_mx.devices import (check_available, check_contexts, group_name,
                              warn_if_mkldnn_across_cpus)
@@ -61,9 +62,11 @@ class PartitionedSymbol:
     """
 
     def __init__(self, reference: mx.sym.Symbol, graph: Graph, plan: Plan,
-                 assignment: Assignment, result: RewriteResult, contexts: list[mx.Context]):
+                 assignment: Assignment, program: Program, result: RewriteResult,
+                 contexts: list[mx.Context]):
         self.reference = reference
         self.graph, self.plan, self.assignment = graph, plan, assignment
+        self.program = program
         self.contexts = list(contexts)
         self.symbol = symbol_from_json(result.json)
         self.group2ctx = {group_name(i): c for i, c in enumerate(self.contexts)}
@@ -325,6 +328,20 @@ class PartitionedSymbol:
                                    len(self.contexts))
         return [DeviceMemory(str(c), **r) for c, r in zip(self.contexts, rows)]
 
+    def operators_per_device(self) -> list[int]:
+        """MXNet operators each device runs in a forward pass of the partitioned graph: the
+        nodes of its ctx group, and the cross-device copies MXNet inserts into it (one per
+        value read there from another device)."""
+        graph = self.shard_graph
+        index = {g: i for i, g in enumerate(self.group2ctx)}
+        counts = [0] * len(self.contexts)
+        for i, node in enumerate(graph.nodes):
+            if not node.is_variable:
+                counts[index[placed_group(graph, i, group_name(0))]] += 1
+        for crossing in self.program.crossings():
+            counts[crossing.device] += 1
+        return counts
+
     @property
     def fallbacks(self) -> dict[str, str]:
         """Operators that run whole instead of split, and why: those with no description (on
@@ -335,6 +352,10 @@ class PartitionedSymbol:
         lines = [self.plan.report(max_rows)]
         counts = ", ".join(f"{n} {role}" for role, n in self.node_counts.items())
         lines.append(f"rewrite: {counts}; {len(self.shards)} variables")
+        original = sum(1 for n in self.graph.nodes if not n.is_variable)
+        lines.append(f"operators per device (with the copies MXNet inserts): "
+                     f"{', '.join(f'{n:,}' for n in self.operators_per_device())}; the graph "
+                     f"partitioned has {original:,}")
         for name, why in list(self.fallbacks.items())[:10]:
             lines.append(f"  runs whole (fallback): {name}: {why}")
         lines.append("memory per device:")
@@ -534,7 +555,7 @@ def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
 def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
                contexts: Sequence[mx.Context], ordered: bool = False) -> PartitionedSymbol:
     """The rewrite and check steps of :func:`partition`, for a plan made elsewhere.
-    ``ordered``: with Tofu's control dependencies (see :func:`nnvm_passes.rewrite.rewrite`)."""
+    ``ordered``: with Tofu's control dependencies (see :func:`nnvm_passes.emit.emit`)."""
     symbol = check_symbol(symbol, "symbol")
     contexts = check_contexts(contexts)
     if not isinstance(graph, Graph):
@@ -555,8 +576,9 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
 def _rewritten(symbol: mx.sym.Symbol, graph: Graph, plan: Plan, assignment: Assignment,
                contexts: Sequence[mx.Context], ordered: bool = False) -> PartitionedSymbol:
     """:func:`apply_plan`'s rewrite and checks, given the plan's assignment."""
-    result = rewrite(graph, assignment, ordered)
-    ptd = PartitionedSymbol(symbol, graph, plan, assignment, result, list(contexts))
+    program = route(graph, assignment)
+    ptd = PartitionedSymbol(symbol, graph, plan, assignment, program, emit(program, ordered),
+                            list(contexts))
     _check_rewrite(ptd)
     arguments.check_tensor_sizes(ptd.shard_graph,
                                f"the partition over {len(contexts)} device(s)")

@@ -80,6 +80,24 @@ def test_the_bytes_drawn_are_what_mxnet_copies():
         assert pic.forward_bytes == cross_device_bytes(ptd) > 0, (k, shapes)
 
 
+def test_operators_per_device_are_the_groups_nodes_and_the_copies_mxnet_inserts():
+    """Counted from the emitted graph (each operator node in its group; one copy per value
+    and reading group, as MXNet inserts them), and reported."""
+    from nnvm_passes.placement import placed_group
+    for sym, k, shapes in [(mlp(3), 4, {"data": (8, 12)}),
+                           (models.rnn(1, 8, 2, 10), 2, models.input_shapes("rnn", 4, seq_len=2))]:
+        ptd = partition(sym, k, **shapes)
+        graph = ptd.shard_graph
+        group = [placed_group(graph, i, "dev0") for i in range(len(graph.nodes))]
+        copies = {(e, group[i]) for i, n in enumerate(graph.nodes) if not n.is_variable
+                  for e in n.inputs if group[e.node] != group[i]}
+        want = [sum(1 for i, n in enumerate(graph.nodes) if not n.is_variable and group[i] == g)
+                + sum(1 for _, to in copies if to == g) for g in ptd.group2ctx]
+        assert ptd.operators_per_device() == want and len(copies) > 0
+        assert f"operators per device (with the copies MXNet inserts): " \
+               f"{', '.join(f'{n:,}' for n in want)}" in ptd.report()
+
+
 def test_a_fallback_operator_is_marked_and_runs_on_device_0():
     ptd = partition(with_fallback(), 3, data=(12, 6))
     assert list(ptd.fallbacks) == ["cube"]

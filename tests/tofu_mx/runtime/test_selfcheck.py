@@ -84,16 +84,15 @@ def test_a_partitioned_graph_mxnet_refuses_is_an_internal_error_naming_the_opera
         monkeypatch):
     """partition() infers the rewritten graph's shapes and dtypes before returning it: one
     that MXNet refuses (here, a share given a wrong attribute) is reported, not returned."""
-    from nnvm_passes import rewrite as rewrite_module
-    real = rewrite_module.rewrite
+    from nnvm_passes.emit import emit as real
 
-    def broken(graph, assignment, ordered=False):
-        result = real(graph, assignment, ordered)
+    def broken(program, ordered=False):
+        result = real(program, ordered)
         for node in result.json["nodes"]:
             if node["op"] == "FullyConnected":
                 node["attrs"]["num_hidden"] = "7"
         return result
-    monkeypatch.setattr("tofu_mx.runtime.partitioned.rewrite", broken)
+    monkeypatch.setattr("tofu_mx.runtime.partitioned.emit", broken)
     with pytest.raises(tofu_mx.TofuError, match="internal: MXNet refuses the partitioned "
                                                 "graph.*fc"):
         tofu_mx.partition(regression(), [mx.cpu(0), mx.cpu(1)], data=(4, 8), label=(4, 5))

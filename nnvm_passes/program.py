@@ -1,0 +1,616 @@
+"""The Program: what each device of a partitioned graph runs, and every move between them.
+
+:func:`route` turns the imported graph and an assignment (what each device computes of every
+operator and stores of every tensor, :mod:`tofu_mx.runtime.assign`) into a :class:`Program`:
+a flat list of typed :class:`Step` values, each on one device, reading earlier steps'
+outputs. :func:`nnvm_passes.emit.emit` makes it an MXNet graph; the drawing, the operator
+counts and the bytes crossing devices read it, so that nothing else re-derives the routing.
+
+Routing decides nothing the plan has not decided; it builds, lazily from the graph's outputs
+backwards (so a share nobody reads is never made):
+
+- each operator's share on device ``d`` as one :attr:`StepKind.SHARE`;
+- each variable as one :attr:`StepKind.VARIABLE` per distinct stored box, on the first
+  device storing that box; auxiliary states (mutated in place) get one per device that
+  updates them;
+- a value read on another device is read there directly (MXNet inserts the
+  ``_CrossDeviceCopy``), or through a :attr:`StepKind.SEND` on the device holding it where
+  the sum of its gradients must be made on that device (see :meth:`_Route.send`);
+- conversions: a region of a tensor on a device is cut out of the stored boxes it overlaps
+  (:attr:`~StepKind.SLICE` into equal pieces, :attr:`~StepKind.SPLIT` at any offsets) on
+  the device holding them, and joined (:attr:`~StepKind.STACK` for pieces of one size,
+  :attr:`~StepKind.CONCAT` otherwise) on the device needing it; padding is a
+  :attr:`~StepKind.PAD` block; partial outputs are combined (:attr:`~StepKind.COMBINE`) on
+  the device storing the result;
+- re-fetching (an operator assigned ``refetch``): its converted inputs are built apart, each
+  step marked ``again`` (MXNet's ``__force_mirroring__``): MXNet's gradient pass builds them
+  again in the backward pass from the stored shards, so nothing converted is held from the
+  forward pass to the backward: the share runs twice (its outputs go through a
+  :attr:`~StepKind.RERUN`) and its remote pieces cross twice. Every remote piece goes
+  through its own marked SEND on the device holding it, so that the backward pass's
+  cross-device copy is not the forward pass's (MXNet makes one per tensor and device,
+  which would be held).
+
+The graph's outputs are joined whole on device 0, so the partitioned graph has the
+original's outputs and shapes. Every step records what it was built for (an
+:class:`Account`): the bytes crossing devices into it are booked there.
+"""
+from __future__ import annotations
+
+import enum
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from nnvm_passes.backward import passes_gradient_through
+from nnvm_passes.ir import FrozenDict, Graph
+from tofu_mx.errors import TofuError
+
+Box = tuple[tuple[int, int], ...]
+Tensor = tuple[int, int]          # (graph node index, output index)
+
+
+class StepKind(enum.Enum):
+    """What a step does (:mod:`nnvm_passes.emit` says which MXNet operators run it)."""
+
+    VARIABLE = "variable"    # a stored box of one of the graph's variables
+    SHARE = "share"          # one device's share of one of the graph's operators
+    SLICE = "slice"          # cut into ``parts`` equal pieces along ``axis``; output j: piece j
+    SPLIT = "split"          # cut at the offsets ``cuts`` along ``axis``; output j: piece j
+    STACK = "stack"          # pieces of one size joined along ``axis``
+    CONCAT = "concat"        # pieces joined along ``axis``
+    COMBINE = "combine"      # partial outputs combined by ``combine``
+    SEND = "send"            # a copy on the holder, for readers on device ``to``
+    PLACE = "place"          # a copy made on this device (for an operator placed by input 0)
+    RERUN = "rerun"          # a share's output, when the backward pass runs the share again
+    PAD = "pad"              # a block of ``value`` of shape ``shape`` and dtype ``dtype``
+    SCALE = "scale"          # the input times ``value``
+    ZERO = "zero"            # an exact zero (as ``dtype``) that reads a variable's box
+    TOTAL = "total"          # the sum of zeros, shaped ``(1,) * len(shape)``
+    ADD = "add"              # input 0 plus input 1 (broadcast)
+
+
+class Combine(enum.Enum):
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+
+class Purpose(enum.Enum):
+    READ = "read"            # an operator's input (``node``, ``input``)
+    COMBINE = "combine"      # an operator's outputs into their stored layout (``node``)
+    OUTPUT = "output"        # the graph's output ``node`` (an index into its heads)
+    KEEP = "keep"            # a variable box nobody reads, kept in the graph (``node``)
+
+
+@dataclass(frozen=True)
+class Account:
+    """What a step was built for."""
+
+    purpose: Purpose
+    node: int
+    input: int = 0
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Output ``output`` of step ``step``."""
+
+    step: int
+    output: int = 0
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one output of a step holds: tensor ``tensor``'s values in ``box`` (beyond the
+    tensor's bounds: padding), or, with ``tensor`` None, one of the rewrite's own values."""
+
+    tensor: Tensor | None
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class VarShard:
+    """One variable of the partitioned graph: a box of an original variable on a device."""
+
+    name: str
+    source: str
+    kind: str                 # param | aux | data | label
+    device: int
+    box: Box
+    dtype: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(hi - lo + 1 for lo, hi in self.box)
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        """The box as an index into the whole array: ``whole[shard.slices]``."""
+        return tuple(slice(lo, hi + 1) for lo, hi in self.box)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a :class:`Program` on device ``device``, reading ``inputs``. Only the
+    fields of its kind are set (see :class:`StepKind`)."""
+
+    kind: StepKind
+    device: int
+    inputs: tuple[Ref, ...]
+    outputs: tuple[Held, ...]
+    account: Account | None
+    name: str = ""                  # display name (SLICE, SPLIT, SEND, PLACE, ADD: a suffix
+    #                                 of their input's)
+    again: bool = False             # built again in the backward pass (force mirroring)
+    node: int | None = None         # SHARE, VARIABLE: the graph's node
+    op: str = ""                    # SHARE: the MXNet operator
+    attrs: FrozenDict = FrozenDict()  # SHARE, VARIABLE: MXNet attributes (raw values)
+    reads: tuple[int, ...] = ()     # SHARE: the graph input index of each of ``inputs``
+    tagged: bool = True             # SHARE: in its device's group (else placed by input 0)
+    axis: int = 0                   # SLICE, SPLIT, STACK, CONCAT
+    parts: int = 0                  # SLICE
+    cuts: tuple[int, ...] = ()      # SPLIT: the offsets where pieces start
+    combine: Combine | None = None  # COMBINE
+    value: float = 0.0              # PAD: the value; SCALE: the factor
+    to: int | None = None           # SEND: the reading device
+    shard: VarShard | None = None   # VARIABLE
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """A value MXNet copies from its device to ``device`` (once, however many read it)."""
+
+    ref: Ref
+    source: int
+    device: int
+    nbytes: int
+    account: Account | None
+
+
+@dataclass(frozen=True)
+class Program:
+    """Every step of the partitioned graph in the order it was built (inputs first), its
+    outputs (``heads``, on device 0), and per operator of the graph the devices running a
+    share of it (``placement``; an operator whose outputs are regions of its input, which
+    no step runs, included)."""
+
+    steps: tuple[Step, ...]
+    heads: tuple[Ref, ...]
+    num_devices: int
+    placement: Mapping[int, tuple[int, ...]]
+
+    @property
+    def shards(self) -> tuple[VarShard, ...]:
+        return tuple(s.shard for s in self.steps if s.kind is StepKind.VARIABLE)
+
+    def held(self, ref: Ref) -> Held:
+        return self.steps[ref.step].outputs[ref.output]
+
+    def crossings(self) -> list[Crossing]:
+        """What MXNet copies between devices in one forward pass: every value read on
+        another device than its maker's, once per reading device, booked to the account of
+        its first reader there (an operator's input ``j``: ``READ(op, j)``)."""
+        seen: set[tuple[Ref, int]] = set()
+        out = []
+        for step in self.steps:
+            for pos, ref in enumerate(step.inputs):
+                source = self.steps[ref.step].device
+                if source == step.device or (ref, step.device) in seen:
+                    continue
+                seen.add((ref, step.device))
+                account = Account(Purpose.READ, step.node, step.reads[pos]) \
+                    if step.kind is StepKind.SHARE else step.account
+                out.append(Crossing(ref, source, step.device, self.held(ref).nbytes, account))
+        return out
+
+    def steps_per_device(self) -> list[dict[StepKind, int]]:
+        """Steps of each kind on each device."""
+        out: list[dict[StepKind, int]] = [{} for _ in range(self.num_devices)]
+        for step in self.steps:
+            if step.kind is not StepKind.VARIABLE:
+                counts = out[step.device]
+                counts[step.kind] = counts.get(step.kind, 0) + 1
+        return out
+
+
+def _intersect(a: Box, b: Box) -> Box | None:
+    out = []
+    for (a_lo, a_hi), (b_lo, b_hi) in zip(a, b):
+        lo, hi = max(a_lo, b_lo), min(a_hi, b_hi)
+        if lo > hi:
+            return None
+        out.append((lo, hi))
+    return tuple(out)
+
+
+def _shape(box: Box) -> tuple[int, ...]:
+    return tuple(hi - lo + 1 for lo, hi in box)
+
+
+class _Route:
+    def __init__(self, graph: Graph, assignment: Any):
+        self.graph, self.assignment = graph, assignment
+        self.k = assignment.num_devices
+        self.steps: list[Step] = []
+        self.memo: dict[tuple, Any] = {}
+        self.placement: dict[int, list[int]] = {}
+
+    def add(self, step: Step) -> int:
+        self.steps.append(step)
+        return len(self.steps) - 1
+
+    def suffix(self, device: int) -> str:
+        return "" if self.k == 1 else f"@dev{device}"
+
+    def held(self, t: Tensor, box: Box | None) -> Held:
+        info = self.graph.nodes[t[0]].outputs[t[1]]
+        return Held(t, info.shape if box is None else _shape(box), info.dtype)
+
+    def name(self, t: Tensor, d: int) -> str:
+        return f"{self.graph.nodes[t[0]].name}{self.suffix(d)}"
+
+    # --- variables --------------------------------------------------------------------------
+    def cells(self, t: Tensor) -> dict[Box, list[int]]:
+        """Distinct stored boxes of tensor ``t`` and the devices storing each."""
+        key = ("cells", t)
+        if key not in self.memo:
+            found: dict[Box, list[int]] = {}
+            for d, box in enumerate(self.assignment.stored[t]):
+                found.setdefault(box, []).append(d)
+            self.memo[key] = found
+        return self.memo[key]
+
+    def variable(self, i: int, box: Box, device: int, account: Account) -> Ref:
+        key = ("var", i, box, device)
+        if key not in self.memo:
+            node = self.graph.nodes[i]
+            shard = VarShard(node.name + self.suffix(device), node.name, node.kind, device, box,
+                             node.outputs[0].dtype)
+            self.memo[key] = Ref(self.add(Step(
+                StepKind.VARIABLE, device, (), (self.held((i, 0), box),), account, shard.name,
+                node=i, attrs=node.attrs, shard=shard)))
+        return self.memo[key]
+
+    def send(self, ref: Ref, d: int, account: Account, again: bool = False) -> Ref:
+        """``ref`` for readers on device ``d``. MXNet inserts the cross-device copy; routing
+        adds a SEND on the device holding ``ref`` (one per reading device) only where the
+        sum of ``ref``'s gradients must be made on that device: MXNet places a gradient sum
+        on one of its readers' devices, so without it a variable's gradient could be summed
+        away from the variable (which cannot bind), and so could the gradient of an operator
+        that hands its output gradient to its inputs unchanged (``elemwise_add``, a SUM
+        combine: :func:`passes_gradient_through`). Every other operator's gradient node
+        sits in its own ctx group and reads the sum wherever it was made. ``again``:
+        re-fetched in the backward pass, always through a marked SEND."""
+        src = self.steps[ref.step].device
+        if src == d:
+            return ref
+        key = ("send", ref, d, again)
+        if key not in self.memo:
+            self.memo[key] = Ref(self.add(Step(
+                StepKind.SEND, src, (ref,), (self.steps[ref.step].outputs[ref.output],),
+                account, f"@to{d}", again=again, to=d))) \
+                if again or self.needs_copy(ref) else ref
+        return self.memo[key]
+
+    def on_device(self, ref: Ref, d: int, account: Account, again: bool = False) -> Ref:
+        """``ref`` made by a step of device ``d`` (a PLACE there if it lives elsewhere)."""
+        if self.steps[ref.step].device == d:
+            return ref
+        key = ("on", ref, d, again)
+        if key not in self.memo:
+            self.memo[key] = Ref(self.add(Step(
+                StepKind.PLACE, d, (ref,), (self.steps[ref.step].outputs[ref.output],),
+                account, f"@on{d}", again=again)))
+        return self.memo[key]
+
+    def needs_copy(self, ref: Ref) -> bool:
+        step = self.steps[ref.step]
+        if step.kind is StepKind.VARIABLE:
+            return True
+        if step.kind is StepKind.SHARE:
+            return passes_gradient_through(self.graph.nodes[step.node], self.graph)
+        return step.kind is StepKind.COMBINE and step.combine is Combine.SUM
+
+    # --- operators --------------------------------------------------------------------------
+    def instance(self, i: int, d: int) -> list[Ref]:
+        key = ("op", i, d)
+        if key in self.memo:
+            return self.memo[key]
+        node, share = self.graph.nodes[i], self.assignment.ops[i].shares[d]
+        refetch, kept = self.assignment.ops[i].refetch, self.assignment.ops[i].kept
+        self.placement.setdefault(i, []).append(d)
+        if share.views is not None:       # no operator: each output is a region of input 0
+            entry = node.inputs[0]
+            outs = [self.region((entry.node, entry.index), box, d, share.pads[0],
+                                Account(Purpose.READ, i, 0))
+                    for box in share.views]
+            self.memo[key] = outs
+            return outs
+        inputs, reads = [], []
+        for j, (entry, box) in enumerate(zip(node.inputs, share.inputs)):
+            if box is None:
+                continue
+            reads.append(j)
+            account = Account(Purpose.READ, i, j)
+            src = self.graph.nodes[entry.node]
+            if src.is_variable and src.kind == "aux":
+                inputs.append(self.variable(entry.node, box, d, account))
+            else:
+                inputs.append(self.region((entry.node, entry.index), box, d, share.pads[j],
+                                          account, refetch and j not in kept))
+        tagged = not self.assignment.ops[i].placed_by_input
+        if not tagged and inputs:    # MXNet places it with its first input: that must be on d
+            inputs[0] = self.on_device(inputs[0], d, Account(Purpose.READ, i, reads[0]),
+                                       refetch and reads[0] not in kept)
+        # run again in the backward pass only where that re-fetches a converted input
+        rerun = any(self.steps[r.step].again and self.steps[r.step].kind is not StepKind.SHARE
+                    for r in inputs)
+        outputs = tuple(self.held((i, j), box) for j, box in enumerate(share.outputs))
+        sid = self.add(Step(StepKind.SHARE, d, tuple(inputs), outputs, None,
+                            self.name((i, 0), d), again=rerun, node=i, op=node.op,
+                            attrs=share.attrs, reads=tuple(reads), tagged=tagged))
+        outs = [Ref(sid, j) for j in range(len(node.outputs))]
+        if rerun:
+            outs = [Ref(self.add(Step(StepKind.RERUN, d, (o,), (outputs[o.output],), None,
+                                      self.name((i, 0), d))))
+                    for o in outs]
+        if share.scale is not None and share.scale != 1.0:
+            outs = [Ref(self.add(Step(StepKind.SCALE, d, (o,), (self.steps[o.step].outputs[
+                o.output],), None, f"{self.name((i, 0), d)}@scale", value=float(share.scale))))
+                if box is not None else o for o, box in zip(outs, share.outputs)]
+        self.memo[key] = outs
+        return outs
+
+    def computed(self, t: Tensor, d: int):
+        """Distinct boxes computed of ``t``, each with the devices whose shares make it (the
+        contributors combined for partial outputs), preferring a group with ``d``."""
+        op = self.assignment.ops[t[0]]
+        by_box, partial = self._computed(t)
+        out = []
+        for box, options in by_box.items():
+            mine = [g for g in options if d in g and not op.loss]
+            out.append((box, mine[0] if mine else options[0]))
+        return out, partial
+
+    def _computed(self, t: Tensor) -> tuple[dict, Combine | None]:
+        """Each distinct box computed of ``t`` -> the groups of devices computing it (for
+        :meth:`computed`, once per tensor)."""
+        key = ("computed", t)
+        if key not in self.memo:
+            op = self.assignment.ops[t[0]]
+            groups: dict[tuple, list[int]] = {}
+            for e, share in enumerate(op.shares):
+                if share is not None:       # None: device e runs none of this operator
+                    groups.setdefault((share.outputs[t[1]], share.key), []).append(e)
+            by_box: dict[Box, list[list[int]]] = {}
+            for (box, _), devices in groups.items():
+                by_box.setdefault(box, []).append(devices)
+            partial = next(s for s in op.shares if s is not None).partial
+            self.memo[key] = by_box, None if partial is None else Combine(partial)
+        return self.memo[key]
+
+    def stored(self, t: Tensor, d: int) -> Ref:
+        key = ("stored", t, d)
+        if key in self.memo:
+            return self.memo[key]
+        box, account = self.assignment.stored[t][d], Account(Purpose.COMBINE, t[0])
+        computed, partial = self.computed(t, d)
+        pieces = []
+        for c, devices in computed:
+            inter = _intersect(box, c)
+            if inter is None:
+                continue
+            if partial is None:
+                src = d if d in devices and not self.assignment.ops[t[0]].loss else devices[0]
+                pieces.append((inter, self.send(self.extract(
+                    self.instance(t[0], src)[t[1]], c, inter, src, t, account), d, account)))
+                continue
+            parts = [self.send(self.extract(self.instance(t[0], e)[t[1]], c, inter, e, t,
+                                            account), d, account)
+                     for e in devices]
+            pieces.append((inter, self.combine(parts, partial, d, t, inter, account)))
+        self.memo[key] = self.assemble(pieces, box, d, t, account)
+        return self.memo[key]
+
+    def combine(self, parts: list[Ref], how: Combine, d: int, t: Tensor, box: Box,
+                account: Account) -> Ref:
+        if len(parts) == 1:
+            return parts[0]
+        return Ref(self.add(Step(StepKind.COMBINE, d, tuple(parts), (self.held(t, box),),
+                                 account, f"{self.name(t, d)}@{how.value}", combine=how)))
+
+    # --- regions ----------------------------------------------------------------------------
+    def region(self, t: Tensor, box: Box, d: int, pad: float | None, account: Account,
+               again: bool = False) -> Ref:
+        """Tensor ``t``'s values in ``box`` on device ``d`` (outside its bounds: ``pad``);
+        ``again``: every step converting it is built again in the backward pass."""
+        key = ("region", t, box, d, pad, again)
+        if key in self.memo:
+            return self.memo[key]
+        shape = self.graph.nodes[t[0]].outputs[t[1]].shape
+        for a, ((lo, hi), n) in enumerate(zip(box, shape)):
+            if lo >= 0 and hi < n:
+                continue
+            if pad is None:
+                raise TofuError(f"{self.graph.nodes[t[0]].name} is read at {box} beyond its "
+                                f"shape {shape} but has no pad value")
+            if hi < 0 or lo >= n:      # nothing but padding
+                self.memo[key] = self.constant(box, pad, d, t, account, again)
+                return self.memo[key]
+            inner = box[:a] + ((max(lo, 0), min(hi, n - 1)),) + box[a + 1:]
+            pieces = [(inner, self.region(t, inner, d, pad, account, again))]
+            if lo < 0:
+                pieces.insert(0, (box[:a] + ((lo, -1),) + box[a + 1:], None))
+            if hi >= n:
+                pieces.append((box[:a] + ((n, hi),) + box[a + 1:], None))
+            pieces = [(b, s if s is not None else self.constant(b, pad, d, t, account, again))
+                      for b, s in pieces]
+            self.memo[key] = self.concat([s for _, s in pieces], a, d, t, box, account,
+                                         again=again)
+            return self.memo[key]
+        node = self.graph.nodes[t[0]]
+        pieces = []
+        for cell, holders in self.cells(t).items():
+            inter = _intersect(box, cell)
+            if inter is None:
+                continue
+            if node.is_variable:
+                src = holders[0]
+                piece = self.extract(self.variable(t[0], cell, src, account), cell, inter, src,
+                                     t, account, again)
+            else:
+                src = d if d in holders else holders[0]
+                piece = self.extract(self.stored(t, src), cell, inter, src, t, account, again)
+            pieces.append((inter, self.send(piece, d, account, again)))
+        self.memo[key] = self.assemble(pieces, box, d, t, account, again)
+        return self.memo[key]
+
+    def constant(self, box: Box, value: float, d: int, t: Tensor, account: Account,
+                 again: bool = False) -> Ref:
+        dtype = self.graph.nodes[t[0]].outputs[t[1]].dtype
+        if np.isinf(value):
+            value = float(np.finfo(dtype).min if value < 0 else np.finfo(dtype).max)
+        return Ref(self.add(Step(StepKind.PAD, d, (), (self.held(t, box),), account,
+                                 f"{self.name(t, d)}@pad", again=again, value=float(value))))
+
+    def extract(self, ref: Ref, src: Box, target: Box, device: int, t: Tensor,
+                account: Account, again: bool = False) -> Ref:
+        """``target`` out of ``ref`` (holding ``src``), cut on ``device``."""
+        for a, ((s0, s1), (t0, t1)) in enumerate(zip(src, target)):
+            if (s0, s1) == (t0, t1):
+                continue
+            n, o0, o1 = s1 - s0 + 1, t0 - s0, t1 - s0 + 1
+            width = o1 - o0
+            if n % width == 0 and o0 % width == 0:
+                key = ("cut", ref, a, n // width, again)
+                if key not in self.memo:
+                    pieces = [src[:a] + ((s0 + p * width, s0 + (p + 1) * width - 1),)
+                              + src[a + 1:] for p in range(n // width)]
+                    self.memo[key] = self.add(Step(
+                        StepKind.SLICE, device, (ref,), tuple(self.held(t, b) for b in pieces),
+                        account, f"@split{a}", again=again, axis=a, parts=n // width))
+                ref = Ref(self.memo[key], o0 // width)
+            else:
+                cuts = tuple(sorted({0, o0, o1} - {n}))
+                key = ("cut", ref, a, cuts, again)
+                if key not in self.memo:
+                    ends = cuts[1:] + (n,)
+                    pieces = [src[:a] + ((s0 + lo, s0 + hi - 1),) + src[a + 1:]
+                              for lo, hi in zip(cuts, ends)]
+                    self.memo[key] = self.add(Step(
+                        StepKind.SPLIT, device, (ref,), tuple(self.held(t, b) for b in pieces),
+                        account, f"@split{a}", again=again, axis=a, cuts=cuts))
+                ref = Ref(self.memo[key], cuts.index(o0))
+            src = src[:a] + ((t0, t1),) + src[a + 1:]
+        return ref
+
+    def concat(self, refs: list[Ref], axis: int, d: int, t: Tensor, box: Box,
+               account: Account, equal: bool = False, again: bool = False) -> Ref:
+        """Join ``refs`` along ``axis`` on device ``d``: pieces of one size STACK (its
+        gradient reads no input, so the pieces are freed after the forward pass, where
+        ``Concat``'s gradient, in MXNet's MKLDNN builds, keeps every piece until the backward
+        pass), others CONCAT."""
+        if len(refs) == 1:
+            return refs[0]
+        key = ("concat", tuple(refs), axis, d, again)
+        if key not in self.memo:
+            self.memo[key] = Ref(self.add(Step(
+                StepKind.STACK if equal else StepKind.CONCAT, d, tuple(refs),
+                (self.held(t, box),), account, f"{self.name(t, d)}@concat{axis}", again=again,
+                axis=axis)))
+        return self.memo[key]
+
+    def assemble(self, pieces: list[tuple[Box, Ref]], box: Box, d: int, t: Tensor,
+                 account: Account, again: bool = False) -> Ref:
+        """Join pieces tiling ``box`` (a grid) on device ``d``."""
+        if len(pieces) == 1 and pieces[0][0] == box:
+            return pieces[0][1]
+        for a in range(len(box)):
+            spans = sorted({p[0][a] for p in pieces})
+            if len(spans) < 2:
+                continue
+            at, parts = box[a][0], []
+            for span in spans:
+                if span[0] != at:
+                    break
+                sub = box[:a] + (span,) + box[a + 1:]
+                parts.append(self.assemble([p for p in pieces if p[0][a] == span], sub, d, t,
+                                           account, again))
+                at = span[1] + 1
+            if at == box[a][1] + 1 and len(parts) == len(spans):
+                equal = len({hi - lo for lo, hi in spans}) == 1
+                return self.concat(parts, a, d, t, box, account, equal, again)
+        raise TofuError(f"internal: the pieces {[p[0] for p in pieces]} of "
+                        f"{self.graph.nodes[t[0]].name} do not tile {box}")
+
+    # --- the whole graph --------------------------------------------------------------------
+    def run(self) -> Program:
+        heads = []
+        for k, entry in enumerate(self.graph.heads):
+            shape = self.graph.tensor(entry).shape
+            heads.append(self.region((entry.node, entry.index), tuple((0, n - 1) for n in shape),
+                                     0, None, Account(Purpose.OUTPUT, k)))
+        heads = self.keep_unread_cells(heads)
+        return Program(tuple(self.steps), tuple(heads), self.k,
+                       {i: tuple(ds) for i, ds in sorted(self.placement.items())})
+
+    def keep_unread_cells(self, heads: list[Ref]) -> list[Ref]:
+        """Every stored cell of every variable is a variable of the partitioned graph, also
+        one no share reads (a constant read in part, as YOLO's offsets through
+        ``slice_like``): it is stored, trained (its gradient is zero) and saved as the rest.
+        MXNet keeps only what the heads reach, so such a cell reaches the first float head as
+        an exact ZERO added to it (MXNet's ``zeros_like`` reads no value)."""
+        have = {(s.node, s.shard.box) for s in self.steps if s.kind is StepKind.VARIABLE}
+        unread = [(i, cell, holders[0]) for i, node in enumerate(self.graph.nodes)
+                  if node.is_variable and node.kind != "aux"
+                  for cell, holders in self.cells((i, 0)).items() if (i, cell) not in have]
+        if not unread:
+            return heads
+        floats = [j for j, e in enumerate(self.graph.heads)
+                  if np.issubdtype(np.dtype(self.graph.tensor(e).dtype), np.floating)]
+        if not floats:
+            names = sorted({self.graph.nodes[i].name for i, _, _ in unread})
+            raise TofuError(f"no operator reads {names} in part of their cells, and the graph "
+                            f"has no float output to keep those parts in the partitioned graph; "
+                            f"partition with those variables kept whole (choose a plan that "
+                            f"replicates them)")
+        j = floats[0]
+        info = self.graph.tensor(self.graph.heads[j])
+        zeros = []
+        for i, cell, device in unread:
+            account = Account(Purpose.KEEP, i)
+            var = self.variable(i, cell, device, account)
+            zero = Ref(self.add(Step(StepKind.ZERO, device, (var,), (Held(None, (), info.dtype),),
+                                     account, self.name((i, 0), device))))
+            zeros.append(self.send(zero, 0, account))
+        account = Account(Purpose.OUTPUT, j)
+        scalar = Held(None, (1,) * len(info.shape), info.dtype)
+        total = Ref(self.add(Step(StepKind.TOTAL, 0, tuple(zeros), (scalar,), account,
+                                  "unread")))
+        head = self.on_device(heads[j], 0, account)
+        heads[j] = Ref(self.add(Step(StepKind.ADD, 0, (head, total), (self.held(
+            (self.graph.heads[j].node, self.graph.heads[j].index), None),), account,
+            "@with_unread")))
+        return heads
+
+
+def route(graph: Graph, assignment: Any) -> Program:
+    """The :class:`Program` of ``assignment`` over ``graph`` (see the module docstring)."""
+    # routing recurses from the outputs to the inputs, a few frames per operator: a deep
+    # network (WResNet-152: about a thousand operators in a chain) needs more than Python's
+    # default limit of 1,000 frames
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph.nodes) + 1000))
+    try:
+        return _Route(graph, assignment).run()
+    finally:
+        sys.setrecursionlimit(limit)
