@@ -174,6 +174,9 @@ def parser(description: str, *, batch_size: int, lr: float, steps_total: int = 5
     add("--checkpoint", metavar="DIR", help="checkpoint folder")
     add("--checkpoint-every", type=positive_int, metavar="N")
     add("--resume", action="store_true", help="continue from the checkpoint in --checkpoint")
+    add("--overwrite", action="store_true",
+        help="start again even if --checkpoint DIR holds a checkpoint (it is replaced at the "
+             "first save); without it such a run refuses")
     add("--compare", action="store_true", help="also train with plain Gluon (see below)")
     add("--kvstore", choices=("dist_sync", "horovod"), default=None,
         help="train data-parallel across workers (see below); --batch-size is then the "
@@ -187,8 +190,10 @@ def run(p: Parser, build_task: Callable[[argparse.Namespace], Task],
     """Parse the flags, build the task, train; errors in flags or checkpoints are one line
     and exit code 2, a --compare mismatch exit code 1."""
     args = p.parse_args(argv)
-    if (args.resume or args.checkpoint_every) and not args.checkpoint:
-        p.error("--resume and --checkpoint-every need --checkpoint DIR")
+    if (args.resume or args.checkpoint_every or args.overwrite) and not args.checkpoint:
+        p.error("--resume, --checkpoint-every and --overwrite need --checkpoint DIR")
+    if args.resume and args.overwrite:
+        p.error("--resume continues the checkpoint, --overwrite replaces it: give one")
     if args.compare and args.init != "host":
         p.error("--compare needs --init host (plain Gluon starts from the same whole values)")
     if args.compare and args.kvstore:
@@ -342,6 +347,24 @@ def save_checkpoint(folder: str, step: int, curve: list, config: dict,
             os.remove(os.path.join(folder, name))
 
 
+def refuse_overwrite(folder: str, steps_total: int) -> None:
+    """ExampleError if ``folder`` holds a checkpoint: a new run would replace it."""
+    path = os.path.join(folder, "checkpoint.json")
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            step = json.load(f).get("step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    at = f" at step {step}" if isinstance(step, int) else ""
+    more = f" (with --steps-total above {step} to train further)" \
+        if isinstance(step, int) and step >= steps_total else ""
+    raise ExampleError(f"--checkpoint {folder} holds a checkpoint{at}, which this run would "
+                       f"replace; continue it with --resume{more}, start again with "
+                       f"--overwrite, or give another --checkpoint folder")
+
+
 def _fsync(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -432,6 +455,8 @@ def workers(args) -> Workers:
 def train(args, task: Task) -> int:
     check_available(args.devices)
     config = run_config(args, task)
+    if args.checkpoint and not args.resume and not args.overwrite:
+        refuse_overwrite(args.checkpoint, args.steps_total)
     blob = load_checkpoint(args.checkpoint, config) if args.resume else None
     mx.random.seed(args.seed)
     np.random.seed(args.seed)
@@ -496,6 +521,7 @@ def loop(args, task, pnet, trainer, refs, start, curve, config, team: Workers) -
         if args.checkpoint and team.rank == 0 and (step == args.steps_total or
                                 (args.checkpoint_every and step % args.checkpoint_every == 0)):
             save_checkpoint(args.checkpoint, step, curve, config, pnet, trainer)
+            bar.write(f"checkpoint: step {step} saved in {args.checkpoint}")
         if step == args.kill_after_step:
             bar.close()
             sys.stdout.flush()

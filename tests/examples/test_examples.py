@@ -95,6 +95,35 @@ def test_a_killed_run_resumes_at_another_device_count_on_the_same_curve(tmp_path
     assert printed_curve(resumed.stdout) == pytest.approx(a["losses"], abs=1e-6)
 
 
+def test_a_checkpoint_is_never_replaced_without_overwrite(tmp_path):
+    """Each save prints one line; a second run into the same folder refuses (exit 2, the
+    checkpoint untouched) unless it resumes or says --overwrite."""
+    common = ["--dtype", "float64", "--batch-size", "4", "--checkpoint", str(tmp_path / "ck")]
+    first = run("train_rnn.py", *common, "--steps-total", "2", "--checkpoint-every", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    saves = re.findall(r"^checkpoint: step (\d) saved in (.*)$", first.stdout, re.MULTILINE)
+    assert saves == [("1", str(tmp_path / "ck")), ("2", str(tmp_path / "ck"))], first.stdout
+    before = checkpoint(tmp_path / "ck")
+
+    again = run("train_rnn.py", *common, "--steps-total", "2")
+    assert again.returncode == 2 and again.stdout == ""
+    assert again.stderr.splitlines()[-1] == (
+        f"train_rnn.py: error: --checkpoint {tmp_path / 'ck'} holds a checkpoint at step 2, "
+        f"which this run would replace; continue it with --resume (with --steps-total above "
+        f"2 to train further), start again with --overwrite, or give another --checkpoint "
+        f"folder")
+    assert checkpoint(tmp_path / "ck") == before
+
+    more = run("train_rnn.py", *common, "--steps-total", "3", "--resume")
+    assert more.returncode == 0 and "checkpoint: step 3 saved in" in more.stdout
+    assert checkpoint(tmp_path / "ck")["losses"][:2] == before["losses"]
+
+    fresh = run("train_rnn.py", *common, "--steps-total", "1", "--overwrite")
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    saved = checkpoint(tmp_path / "ck")
+    assert saved["step"] == 1 and saved["losses"] == before["losses"][:1]
+
+
 def launched(workers: int, script: str, *args: str) -> subprocess.CompletedProcess:
     """``script`` as ``workers`` workers of python -m tofu_mx.launch."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -143,6 +172,10 @@ def test_two_workers_follow_one_process_curve_and_resume_at_another_count(tmp_pa
      r"--compare runs plain Gluon in this process"),
     ("train_gluon_zoo.py", ["--model", "resnet19"],
      r"argument --model: unknown model 'resnet19'; did you mean"),
+    ("train_rnn.py", ["--overwrite"],
+     r"--resume, --checkpoint-every and --overwrite need --checkpoint DIR"),
+    ("train_rnn.py", ["--checkpoint", "ck", "--resume", "--overwrite"],
+     r"--resume continues the checkpoint, --overwrite replaces it: give one"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_code_2(script, args, message):
     done = run(script, *args)
