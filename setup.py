@@ -7,7 +7,7 @@ setup(
     description="Tofu-style automatic tensor partitioning for Apache MXNet 1.9.1 and Gluon",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.8",
+    python_requires=">=3.10",
     packages=find_packages(include=["tofu_mx", "tofu_mx.*", "nnvm_passes", "nnvm_passes.*"]),
     install_requires=[
         # MXNet 1.9.1 uses numpy aliases removed in numpy 1.24.

@@ -234,7 +234,9 @@ class PartitionedBlock(gluon.Block):
     def __init__(self, block, ptd: PartitionedSymbol, data_names, label_name, params, init):
         super().__init__(prefix=block.prefix + "tofu_")
         self.partitioned = ptd
-        self.source = block
+        # the user's block, kept but not a child: hybridize(), cast(), collect_params() and
+        # initialize() of this block never reach (or change) it
+        object.__setattr__(self, "source", block)
         self.data_names = list(data_names)
         self.label_name = label_name
         self._params_by_name = params
@@ -297,6 +299,30 @@ class PartitionedBlock(gluon.Block):
         """The block's structural parameter names (``features.0.weight``, what
         ``save_parameters`` writes) -> ``Parameter.name``."""
         return {k: p.name for k, p in self.source._collect_params_with_prefix().items()}
+
+    @property
+    def fallbacks(self) -> dict[str, str]:
+        """Operators that run whole instead of split, and why
+        (:attr:`PartitionedSymbol.fallbacks`)."""
+        return self.partitioned.fallbacks
+
+    def collect_params(self, select: str | None = None):
+        """Refused: the parameters are shards on several devices, not Gluon Parameters."""
+        raise InvalidArgumentError(
+            f"a PartitionedBlock's parameters are shards on {len(self.partitioned.contexts)} "
+            f"devices, not Gluon Parameters: train with tofu_mx.gluon.Trainer(pnet, optimizer, "
+            f"...), save with pnet.save_parameters(path) (whole arrays, what "
+            f"{self.source.name}.load_parameters reads), read shards with pnet.shard_arrays()")
+
+    def initialize(self, *args, **kwargs) -> None:
+        """Refused: the shards are initialised by :func:`partition` (its ``init``)."""
+        raise InvalidArgumentError(
+            "a PartitionedBlock's shards are initialised when it is made: pass init= to "
+            "tofu_mx.gluon.partition (or load values with pnet.load_parameters(path))")
+
+    def save_parameters(self, filename: str, deduplicate: bool = False) -> None:
+        """:meth:`export_parameters`: the file ``block.save_parameters`` writes."""
+        self.export_parameters(filename)
 
     def export_parameters(self, path: str) -> None:
         """Write every parameter and auxiliary state, whole, under the block's structural

@@ -202,3 +202,37 @@ def test_a_params_file_naming_one_parameter_twice_is_refused(tmp_path):
     with pytest.raises(tofu_mx.CheckpointError, match="'fc_weight' twice, as "
                                                       "'arg:fc_weight' and 'fc_weight'"):
         ptd.load_params(path)
+
+
+def test_the_users_block_is_never_reached_through_the_partitioned_one(tmp_path):
+    """hybridize() and cast() of pnet leave the user's net as it was; Gluon's own Trainer and
+    initialize() are refused with what to use; save_parameters writes what the net's
+    load_parameters reads; fallbacks is there (none for Dense layers)."""
+    ref, net = pair()
+    pnet = partition(net)
+    pnet.hybridize()
+    assert not net._active and all(not c._active for c in net._children.values())
+    before = {k: p.data().asnumpy().copy() for k, p in net.collect_params().items()}
+    for call in (lambda: gluon.Trainer(pnet.collect_params(), "sgd"),
+                 lambda: pnet.collect_params()):
+        with pytest.raises(tofu_mx.InvalidArgumentError,
+                           match=r"shards on 3 devices, not Gluon Parameters: train with "
+                                 r"tofu_mx\.gluon\.Trainer\(pnet"):
+            call()
+    with pytest.raises(tofu_mx.InvalidArgumentError, match=r"pass init= to "
+                                                           r"tofu_mx\.gluon\.partition"):
+        pnet.initialize()
+    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1})
+    x, y = data(0)
+    pnet.step(x, y)
+    trainer.step(B)
+    path = str(tmp_path / "trained.params")
+    pnet.save_parameters(path)
+    assert all(np.array_equal(p.data().asnumpy(), before[k])     # the user's net untouched
+               for k, p in net.collect_params().items())
+    ref.load_parameters(path)                                   # the trained values
+    trained = {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+    for k, p in ref._collect_params_with_prefix().items():
+        assert np.array_equal(p.data().asnumpy(), trained[k])
+    assert not np.array_equal(trained["0.weight"], before[net[0].weight.name])
+    assert pnet.fallbacks == {}
