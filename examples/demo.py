@@ -18,6 +18,7 @@ import tofu_mx  # noqa: E402
 from nnvm_passes import import_symbol  # noqa: E402
 from tofu_mx import models  # noqa: E402
 from tofu_mx.search.baselines import baseline_plan  # noqa: E402
+from tofu_mx.search.plan import lower_graph  # noqa: E402
 from tofu_mx.summary import format_bytes  # noqa: E402
 
 
@@ -48,12 +49,18 @@ def summarise(title, symbol, shapes):
     print(tofu_mx.summarize(graph))
 
 
-def plan_at_paper_size(title, symbol, shapes, k=8):
-    graph = import_symbol(symbol, **shapes)
+def paper_plan(symbol, shapes, k=8):
+    """The plan tofu_mx.plan() makes (BatchNorm lowered, as partition() searches), the seconds
+    it took, and the data-parallel baseline's bytes on the same graph."""
     start = time.perf_counter()
-    plan = tofu_mx.search.plan_graph(graph, k)
+    plan = tofu_mx.plan(symbol, k, **shapes)
     took = time.perf_counter() - start
-    dp = baseline_plan(graph, k, "data_parallel").total_bytes
+    graph = lower_graph(import_symbol(symbol, **shapes), k)
+    return plan, took, baseline_plan(graph, k, "data_parallel").total_bytes
+
+
+def plan_at_paper_size(title, symbol, shapes, k=8):
+    plan, took, dp = paper_plan(symbol, shapes, k)
     print(f"\n{title}: searched in {took:.2f} s; moves {format_bytes(plan.total_bytes)} per "
           f"step, data parallelism {format_bytes(dp)} ({dp / plan.total_bytes:.1f}x more)")
     report = plan.report(max_rows=0).splitlines()
