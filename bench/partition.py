@@ -18,7 +18,9 @@
     cpu(0..k-1): each CPU device has its own engine thread on the same 2 cores, so this is
     NOT a model of GPU communication. Two sizes of each model: k shares of an operator pay
     its fixed cost per call k times (plus the conversions' calls), which weighs on small
-    operators; the operator-node counts show how many calls each graph makes.
+    operators; the operator-node counts show how many calls each graph makes, and the
+    busiest device's count (``PartitionedSymbol.operators_per_device()``: its group's nodes
+    and the cross-device copies MXNet inserts into it) against the unpartitioned graph's.
 (c) cross-device copies: tensors crossing ctx groups in the rewritten forward graph (count,
     bytes; the backward pass mirrors them) against the plan's predicted bytes.
 (d) memory order: the same plan rewritten without and with Tofu's control dependencies
@@ -155,10 +157,11 @@ def overhead_rows(cases, repeats: int):
         req = {n: "write" if n in params else "null" for n in sym.list_arguments()}
         ref = sym.simple_bind(mx.cpu(0), grad_req=req, **shapes)
         fill(ref)
-        exes, nodes = [ref], [operator_nodes(sym)]
+        exes, nodes, busiest = [ref], [operator_nodes(sym)], []
         for k in (2, 4):
             ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
             nodes.append(operator_nodes(ptd.symbol))
+            busiest.append(max(ptd.operators_per_device()))
             shard_req = {s.name: req[s.source] for s in ptd.shards if s.kind != "aux"}
             one = ptd.symbol.simple_bind(mx.cpu(0), grad_req=shard_req,
                                          group2ctx={g: mx.cpu(0) for g in ptd.group2ctx},
@@ -168,7 +171,9 @@ def overhead_rows(cases, repeats: int):
             fill(many)
             exes += [one, many]
         base, *others = step_times(exes, repeats)
-        row = [label, " / ".join(map(str, nodes)), f"{base * 1e3:.1f}"] + \
+        row = [label, " / ".join(map(str, nodes)),
+               " / ".join(f"{n} ({n / nodes[0]:.1f}x)" for n in busiest),
+               f"{base * 1e3:.1f}"] + \
             [f"{t / base:.2f}" for t in others]
         rows.append(row)
         print(" | ".join(map(str, row)), flush=True)
@@ -245,7 +250,9 @@ def main():
     order = order_rows(bound_cases, 3 if quick else 7)
     text = ["# bench/partition.py results", "", "## (a, c) memory and cross-device bytes", "",
             table(head, mem), "", "## (b) overhead (ratios to the unpartitioned graph on cpu(0))",
-            "", table(["model", "operator nodes (1 / k=2 / k=4)", "unpartitioned ms",
+            "", table(["model", "operator nodes (1 / k=2 / k=4)",
+                       "busiest device's operators, with MXNet's copies (k=2 / k=4)",
+                       "unpartitioned ms",
                        "k=2 all on cpu(0)", "k=2 on cpu(0..1)", "k=4 all on cpu(0)",
                        "k=4 on cpu(0..3)"], over), "",
             "cpu(0..k-1) timings share 2 cores and one process: not a model of GPUs.", "",
