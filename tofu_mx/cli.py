@@ -145,11 +145,17 @@ def _option_arguments(parser: argparse.ArgumentParser) -> None:
 @functools.lru_cache(maxsize=None)      # parsing the module's source takes 20 ms
 def _field_comments(cls) -> dict[str, str]:
     import inspect
-    comments = {}
+    comments, last = {}, None
     for line in inspect.getsource(cls).splitlines():
-        name, _, rest = line.strip().partition(":")
+        stripped = line.strip()
+        if stripped.startswith("#") and last is not None:    # the comment goes on
+            comments[last] += " " + stripped[1:].strip()
+            continue
+        name, _, rest = stripped.partition(":")
+        last = None
         if "#" in rest and name.isidentifier():
             comments[name] = rest.split("#", 1)[1].strip()
+            last = name
     return comments
 
 
@@ -184,8 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     verifier.add_argument("--oracle", choices=("float64",), default=None,
                           help="with --dtype float32: judge each tensor against the model run "
                                "in float64, allowing 4x float32 rounding's own error on it")
-    verifier.add_argument("--rtol", type=float, default=1e-4)
-    verifier.add_argument("--atol", type=float, default=1e-5)
+    verifier.add_argument("--rtol", type=float, default=1e-4,
+                          help="a tensor agrees where |got - want| <= atol + rtol * |want| "
+                               "(default 1e-4)")
+    verifier.add_argument("--atol", type=float, default=1e-5,
+                          help="the absolute part of that tolerance (default 1e-5)")
     verifier.add_argument("--seed", type=int, default=0, help="seed of the inputs and parameters")
     drawer = sub.add_parser("draw", help="partition a model and draw the plan (Graphviz)")
     _partition_arguments(drawer, "4", "devices to plan for (only their number matters)")

@@ -44,6 +44,21 @@ def test_errors_are_one_line_and_exit_code_2(tmp_path, capsys):
         capsys.readouterr().err
 
 
+def test_help_carries_every_options_whole_comment_and_the_tolerances(capsys):
+    """A SearchOptions comment that goes on over several lines is the flag's whole help;
+    --rtol and --atol say what they mean."""
+    for command in ("plan", "verify"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert ("fetch converted inputs again for the backward pass (re-running their "
+                "operator) instead of keeping them: less memory, more bytes moved and "
+                "compute") in out
+        assert ("a plan holding more is searched again at memory weights until one fits; "
+                "0: off)") in out
+    assert "|got - want| <= atol + rtol * |want| (default 1e-4)" in out
+
+
 def test_module_entry_point():
     result = subprocess.run([sys.executable, "-m", "tofu_mx", "summary", "rnn", "--layers", "1",
                              "--hidden", "8", "--seq-len", "2", "--vocab", "10"],
