@@ -20,6 +20,7 @@ from tofu_mx import models  # noqa: E402
 from tofu_mx.search.baselines import baseline_plan  # noqa: E402
 from tofu_mx.search.plan import lower_graph  # noqa: E402
 from tofu_mx.summary import format_bytes  # noqa: E402
+from tofu_mx.tdl.annotate import import_graph  # noqa: E402
 
 
 def partition_and_verify(title, symbol, shapes, k, dtypes=None, rows=0):
@@ -50,12 +51,12 @@ def summarise(title, symbol, shapes):
 
 
 def paper_plan(symbol, shapes, k=8):
-    """The plan tofu_mx.plan() makes (BatchNorm lowered, as partition() searches), the seconds
-    it took, and the data-parallel baseline's bytes on the same graph."""
+    """The plan tofu_mx.plan() makes (on the graph it searches: imported, BatchNorm lowered),
+    the seconds the search took, and the data-parallel baseline's bytes on the same graph."""
+    graph = lower_graph(import_graph(symbol, **shapes), k)
     start = time.perf_counter()
-    plan = tofu_mx.plan(symbol, k, **shapes)
+    plan = tofu_mx.search.plan_graph(graph, k)
     took = time.perf_counter() - start
-    graph = lower_graph(import_symbol(symbol, **shapes), k)
     return plan, took, baseline_plan(graph, k, "data_parallel").total_bytes
 
 

@@ -255,6 +255,9 @@ class _Route:
         info = self.graph.nodes[t[0]].outputs[t[1]]
         return Held(t, info.shape if box is None else _shape(box), info.dtype)
 
+    def value(self, ref: Ref) -> Held:
+        return self.steps[ref.step].outputs[ref.output]
+
     def name(self, t: Tensor, d: int) -> str:
         return f"{self.graph.nodes[t[0]].name}{self.suffix(d)}"
 
@@ -296,7 +299,7 @@ class _Route:
         key = ("send", ref, d, again)
         if key not in self.memo:
             self.memo[key] = Ref(self.add(Step(
-                StepKind.SEND, src, (ref,), (self.steps[ref.step].outputs[ref.output],),
+                StepKind.SEND, src, (ref,), (self.value(ref),),
                 account, f"@to{d}", again=again, to=d))) \
                 if again or self.needs_copy(ref) else ref
         return self.memo[key]
@@ -308,7 +311,7 @@ class _Route:
         key = ("on", ref, d, again)
         if key not in self.memo:
             self.memo[key] = Ref(self.add(Step(
-                StepKind.PLACE, d, (ref,), (self.steps[ref.step].outputs[ref.output],),
+                StepKind.PLACE, d, (ref,), (self.value(ref),),
                 account, f"@on{d}", again=again)))
         return self.memo[key]
 
@@ -364,8 +367,9 @@ class _Route:
                                       self.name((i, 0), d))))
                     for o in outs]
         if share.scale is not None and share.scale != 1.0:
-            outs = [Ref(self.add(Step(StepKind.SCALE, d, (o,), (self.steps[o.step].outputs[
-                o.output],), None, f"{self.name((i, 0), d)}@scale", value=float(share.scale))))
+            outs = [Ref(self.add(Step(StepKind.SCALE, d, (o,), (self.value(o),), None,
+                                      f"{self.name((i, 0), d)}@scale",
+                                      value=float(share.scale))))
                 if box is not None else o for o, box in zip(outs, share.outputs)]
         self.memo[key] = outs
         return outs

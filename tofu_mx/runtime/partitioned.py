@@ -322,22 +322,24 @@ class PartitionedSymbol:
         gradients, aux states, input shards, and the activations the backward pass keeps
         (outputs some gradient node reads, as MXNet builds the gradients, on each device
         whose gradient nodes read them). Temporary buffers are not."""
+        rows = held_at_forward_end(self.shard_graph, self._device_of(), len(self.contexts))
+        return [DeviceMemory(str(c), **r) for c, r in zip(self.contexts, rows)]
+
+    def _device_of(self):
+        """Node index of :attr:`shard_graph` -> the index of the device MXNet runs it on."""
         graph = self.shard_graph
         index = {g: i for i, g in enumerate(self.group2ctx)}
-        rows = held_at_forward_end(graph, lambda i: index[placed_group(graph, i)],
-                                   len(self.contexts))
-        return [DeviceMemory(str(c), **r) for c, r in zip(self.contexts, rows)]
+        return lambda i: index[placed_group(graph, i, group_name(0))]
 
     def operators_per_device(self) -> list[int]:
         """MXNet operators each device runs in a forward pass of the partitioned graph: the
         nodes of its ctx group, and the cross-device copies MXNet inserts into it (one per
         value read there from another device)."""
-        graph = self.shard_graph
-        index = {g: i for i, g in enumerate(self.group2ctx)}
+        device_of = self._device_of()
         counts = [0] * len(self.contexts)
-        for i, node in enumerate(graph.nodes):
+        for i, node in enumerate(self.shard_graph.nodes):
             if not node.is_variable:
-                counts[index[placed_group(graph, i, group_name(0))]] += 1
+                counts[device_of(i)] += 1
         for crossing in self.program.crossings():
             counts[crossing.device] += 1
         return counts
@@ -352,7 +354,7 @@ class PartitionedSymbol:
         lines = [self.plan.report(max_rows)]
         counts = ", ".join(f"{n} {role}" for role, n in self.node_counts.items())
         lines.append(f"rewrite: {counts}; {len(self.shards)} variables")
-        original = sum(1 for n in self.graph.nodes if not n.is_variable)
+        original = len(self.graph.operators())
         lines.append(f"operators per device (with the copies MXNet inserts): "
                      f"{', '.join(f'{n:,}' for n in self.operators_per_device())}; the graph "
                      f"partitioned has {original:,}")
