@@ -196,15 +196,24 @@ def build_parser() -> argparse.ArgumentParser:
     verifier.add_argument("--atol", type=float, default=1e-5,
                           help="the absolute part of that tolerance (default 1e-5)")
     verifier.add_argument("--seed", type=int, default=0, help="seed of the inputs and parameters")
-    drawer = sub.add_parser("draw", help="partition a model and draw the plan (Graphviz)")
+    drawer = sub.add_parser("draw", help="partition a model and draw the plan: a table of its "
+                                         "layers, or the graph of its operators (Graphviz)")
     _partition_arguments(drawer, "4", "devices to plan for (only their number matters)")
     drawer.add_argument("--output", "-o", required=True,
-                        help="file to write: .png, .svg, .pdf (need Graphviz's dot) or .dot")
-    from tofu_mx.runtime.draw import MAX_OPERATORS
+                        help="file to write: .png, .svg or .pdf; .dot: the graph view's source")
+    from tofu_mx.runtime.draw import MAX_OPERATORS, VIEWS
+    drawer.add_argument("--view", choices=VIEWS, default=None,
+                        help="layers (default): a row per layer of the model, how each device "
+                             "holds its output and weight and what it moves, with memory per "
+                             "device and the bytes of each cut; graph: the operators and the "
+                             "bytes between them, drawn by Graphviz's dot (default for .dot)")
+    drawer.add_argument("--only", default=None, metavar="TEXT",
+                        help="layer view: only the layers whose names contain TEXT (a stage of "
+                             "a large network, e.g. stage2_)")
     drawer.add_argument("--coarsen-above", type=int, default=MAX_OPERATORS,
-                        help=f"draw the search's groups of operators instead of operators when "
-                             f"the graph has more than this many (default {MAX_OPERATORS}; "
-                             f"0: always)")
+                        help=f"graph view: draw the search's groups of operators instead of "
+                             f"operators when the graph has more than this many (default "
+                             f"{MAX_OPERATORS}; 0: always)")
     return parser
 
 
@@ -302,8 +311,8 @@ def _check_arguments(args: argparse.Namespace) -> _Parsed:
     if args.command == "plan" and args.json is not None:
         check_writable(args.json, "--json")
     if args.command == "draw":
-        from tofu_mx.runtime.draw import check_output
-        check_output(args.output, "--output")
+        from tofu_mx.runtime.draw import check_output, view_of
+        check_output(args.output, "--output", view_of(args.view, args.output, args.only))
     return parsed
 
 
@@ -404,13 +413,14 @@ def _verify(args: argparse.Namespace, parsed: _Parsed, symbol, shapes) -> int:
 
 
 def _draw(args: argparse.Namespace, parsed: _Parsed, symbol, shapes) -> int:
-    from tofu_mx.runtime.draw import FORMATS, INSTALL_HINT, draw
+    from tofu_mx.runtime.draw import FORMATS, INSTALL_HINT, Picture, draw
     from tofu_mx.runtime.partitioned import partition
     ctx = parsed.contexts
     suffix = os.path.splitext(args.output)[1].lower()
     ptd = partition(symbol, ctx, memory_budget=parsed.budget, options=parsed.options, **shapes)
     try:
-        drawing = draw(ptd, args.output, max_operators=args.coarsen_above)
+        drawing = draw(ptd, args.output, view=args.view, max_operators=args.coarsen_above,
+                       only=args.only)
     except OSError as e:
         raise TofuError(f"cannot write --output {args.output!r}: {e.strerror or e}; free some "
                         f"space or give another path") from e
@@ -418,13 +428,16 @@ def _draw(args: argparse.Namespace, parsed: _Parsed, symbol, shapes) -> int:
     if drawing.missing_dot:
         print(f"Graphviz's dot program is not installed, so wrote {drawing.path} instead of "
               f"{args.output}; install it ({INSTALL_HINT}), then run: dot -T{FORMATS[suffix]} "
-              f"{drawing.path} -o {args.output}")
+              f"{drawing.path} -o {args.output}, or draw the layer view (--view layers)")
         return 0
-    groups = sum(1 for n in pic.nodes if n.kind == "group")
-    print(f"wrote {drawing.path}: {pic.operators} operators"
-          f"{f' drawn as {groups} groups' if pic.coarsened else ''} on {_devices(len(ctx))}, "
-          f"{len(ptd.fallbacks)} run whole; {format_bytes(pic.forward_bytes)} cross devices in "
-          f"the forward pass")
+    if isinstance(pic, Picture):
+        groups = sum(1 for n in pic.nodes if n.kind == "group")
+        drawn = (f"{pic.operators} operators"
+                 f"{f' drawn as {groups} groups' if pic.coarsened else ''}")
+    else:
+        drawn = f"{len(pic.layers)} layers"
+    print(f"wrote {drawing.path}: {drawn} on {_devices(len(ctx))}, {len(ptd.fallbacks)} run "
+          f"whole; {format_bytes(pic.forward_bytes)} cross devices in the forward pass")
     return 0
 
 

@@ -324,7 +324,8 @@ def test_draw_without_dot_writes_the_dot_file_and_says_how_to_install_it(
     from tofu_mx.runtime import draw
     monkeypatch.setattr(draw.shutil, "which", lambda name: None)
     out = tmp_path / "plan.png"
-    assert main(["draw", *WRESNET_TINY, "--devices", "2", "-o", str(out)]) == 0
+    assert main(["draw", *WRESNET_TINY, "--devices", "2", "--view", "graph", "-o",
+                 str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed.count("\n") == 1
     assert printed.startswith(f"Graphviz's dot program is not installed, so wrote "
@@ -338,9 +339,32 @@ def test_draw_without_dot_writes_the_dot_file_and_says_how_to_install_it(
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot program is not installed")
 def test_draw_renders_a_png(tmp_path, capsys):
     out = tmp_path / "plan.png"
-    assert main(["draw", *WRESNET_TINY, "--devices", "cpu:2", "-o", str(out)]) == 0
+    assert main(["draw", *WRESNET_TINY, "--devices", "cpu:2", "--view", "graph", "-o",
+                 str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.png"]
+
+
+def test_draw_writes_the_layer_view_by_default(tmp_path, capsys):
+    out = tmp_path / "plan.png"
+    assert main(["draw", *WRESNET_TINY, "--devices", "cpu:2", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert re.fullmatch(rf"wrote {re.escape(str(out))}: \d+ layers on 2 devices, 0 run "
+                        rf"whole; [\d.]+ [KMG]?i?B cross devices in the forward pass\n", printed)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.png"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--only", "conv", "-o", "plan.dot"], "only= picks rows of the layer view"),
+    (["--view", "layers", "-o", "plan.dot"], "cannot draw the layer view to"),
+    (["--only", "no_such_layer", "-o", "plan.png"], "only='no_such_layer' is in no layer's"),
+])
+def test_draw_refuses_what_its_view_cannot_draw(tmp_path, monkeypatch, capsys, flags, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(["draw", *WRESNET_TINY, "--devices", "2", *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- hostile input (issue 14): one line on stderr, exit code 2, nothing written -----------------

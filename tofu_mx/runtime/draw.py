@@ -1,6 +1,12 @@
-"""Draw a partitioned plan with Graphviz: which device runs what, and what moves between them.
+"""Draw a partitioned plan: which device runs what, and what moves between them.
 
-The picture is of the *original* graph annotated with the plan, not of the partitioned
+:func:`draw` writes one of two views. The **layer view** (the default;
+:mod:`tofu_mx.runtime.layers`, drawn with matplotlib) is a table with a row per layer of the
+user's graph, readable for real networks. The **graph view**, described here, draws the
+operators and the tensors between them with Graphviz; it reads best up to a few dozen
+operators.
+
+The graph view is of the *original* graph annotated with the plan, not of the partitioned
 Symbol (which has a copy of every operator per device plus the conversion nodes):
 
 - **An operator node** is one operator of the original graph. Its label gives its name, its
@@ -75,6 +81,7 @@ from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import OPAQUE, analyse_node
 
 if TYPE_CHECKING:
+    from tofu_mx.runtime.layers import LayerView
     from tofu_mx.runtime.partitioned import PartitionedSymbol
 
 Box = tuple[tuple[int, int], ...]
@@ -158,7 +165,7 @@ def _layout(boxes: Sequence[Box], shape: Sequence[int]) -> str:
 
 
 @dataclass(frozen=True)
-class _Traffic:
+class Traffic:
     """What the drawing reads of the plan: each tensor's distinct stored boxes, the devices
     running a share of each operator (:attr:`Program.placement`), the boxes each operator
     input is read in, and the bytes crossing devices (:meth:`Program.crossings`) by what
@@ -170,7 +177,7 @@ class _Traffic:
     accounts: dict[tuple, int]
 
 
-def _traffic(ptd: PartitionedSymbol) -> _Traffic:
+def traffic(ptd: PartitionedSymbol) -> Traffic:
     graph, assignment, program = ptd.graph, ptd.assignment, ptd.program
     cells: dict[Tensor, dict[Box, list[int]]] = {}
     for t, boxes in assignment.stored.items():
@@ -193,7 +200,7 @@ def _traffic(ptd: PartitionedSymbol) -> _Traffic:
         key = (a.purpose.value, a.node, a.input) if a.purpose is Purpose.READ else \
             (a.purpose.value, a.node)
         accounts[key] = accounts.get(key, 0) + crossing.nbytes
-    return _Traffic(cells, dict(program.placement), read_boxes, accounts)
+    return Traffic(cells, dict(program.placement), read_boxes, accounts)
 
 
 def cross_device_bytes(ptd: PartitionedSymbol) -> int:
@@ -217,7 +224,7 @@ def picture(ptd: PartitionedSymbol, coarsen: bool | None = None,
     ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
     coarsen = len(ops) > max_operators if coarsen is None else coarsen
     parts = ptd.plan.factors[0] if ptd.plan.factors else 2
-    traffic = _traffic(ptd)
+    moves = traffic(ptd)
     opaque = {i: a.reason for i in ops for a in [analyse_node(graph, i, parts)]
               if a.status == OPAQUE}
     if coarsen:     # the copies of the first cut's groups, as the search coarsens the graph
@@ -228,20 +235,20 @@ def picture(ptd: PartitionedSymbol, coarsen: bool | None = None,
     owner = {m: f"group{k}" if coarsen else f"op{m}" for k, group in enumerate(members)
              for m in group}
     owner.update({i: f"var{i}" for i, n in enumerate(graph.nodes) if n.is_variable})
-    edges, variable_bytes, inner_bytes = _edges(graph, traffic, owner, coarsen)
+    edges, variable_bytes, inner_bytes = _edges(graph, moves, owner, coarsen)
     strategies = {o.name: tuple(map(str, o.strategies)) for o in ptd.plan.ops}
-    nodes = [_group_node(graph, owner[group[0]], group, coarsen, traffic, strategies,
+    nodes = [_group_node(graph, owner[group[0]], group, coarsen, moves, strategies,
                          ptd.fallbacks, opaque, variable_bytes, inner_bytes)
              for group in members]
     if not coarsen:
-        nodes += _variable_nodes(ptd, graph, traffic)
+        nodes += _variable_nodes(ptd, graph, moves)
     nodes.append(DrawnNode(_OUTPUTS, "outputs", "outputs", (), (0,),
                            detail="joined whole on device 0"))
     return Picture(tuple(nodes), edges, tuple(str(c) for c in ptd.contexts), coarsen,
                    len(ops), ptd.plan.total_bytes, tuple(ptd.plan.factors))
 
 
-def _edges(graph: Graph, traffic: _Traffic, owner: dict[int, str], coarsen: bool):
+def _edges(graph: Graph, traffic: Traffic, owner: dict[int, str], coarsen: bool):
     """The edges between drawn nodes (``owner``: graph node -> drawn node), and per drawn
     node the bytes read from variables that are not drawn and moved inside it."""
     reads: dict[tuple[str, str], list] = {}
@@ -274,7 +281,7 @@ def _edges(graph: Graph, traffic: _Traffic, owner: dict[int, str], coarsen: bool
     return edges, variable_bytes, inner_bytes
 
 
-def _group_node(graph: Graph, key: str, group: list[int], coarsen: bool, traffic: _Traffic,
+def _group_node(graph: Graph, key: str, group: list[int], coarsen: bool, traffic: Traffic,
                 strategies, fallbacks, opaque, variable_bytes, inner_bytes) -> DrawnNode:
     leader = graph.nodes[group[0]]
     counts = Counter(graph.nodes[m].op for m in group)
@@ -291,7 +298,7 @@ def _group_node(graph: Graph, key: str, group: list[int], coarsen: bool, traffic
         variable_bytes.get(key, 0), inner_bytes.get(key, 0))
 
 
-def _variable_nodes(ptd: PartitionedSymbol, graph: Graph, traffic: _Traffic) -> list[DrawnNode]:
+def _variable_nodes(ptd: PartitionedSymbol, graph: Graph, traffic: Traffic) -> list[DrawnNode]:
     holders: dict[str, set[int]] = {}
     for s in ptd.shards:
         holders.setdefault(s.source, set()).add(s.device)
@@ -438,24 +445,43 @@ def to_dot(ptd: PartitionedSymbol, coarsen: bool | None = None,
     return render(picture(ptd, coarsen, max_operators), title)
 
 
+#: what :func:`draw` draws: a table of the user's layers (:mod:`tofu_mx.runtime.layers`,
+#: matplotlib) or the graph of operators (Graphviz)
+VIEWS = ("layers", "graph")
+
+
 @dataclass(frozen=True)
 class Drawing:
     """What :func:`draw` wrote."""
 
     path: str             # the file written
     missing_dot: bool     # a .dot file was written instead of the format asked for
-    picture: Picture
+    picture: "Picture | LayerView"   # what was drawn, as plain data
 
 
-def draw(ptd: PartitionedSymbol, path: str | os.PathLike, coarsen: bool | None = None,
-         max_operators: int = MAX_OPERATORS, title: str | None = None) -> Drawing:
+def draw(ptd: PartitionedSymbol, path: str | os.PathLike, view: str | None = None,
+         coarsen: bool | None = None, max_operators: int = MAX_OPERATORS,
+         title: str | None = None, only: str | None = None) -> Drawing:
     """Write the drawing of ``ptd``'s plan to ``path``, atomically, in the format its suffix
-    names (:data:`FORMATS`). Rendering needs Graphviz's ``dot`` program: where it is missing,
-    the ``.dot`` file is written next to ``path`` instead (``Drawing.missing_dot``; render it
-    later with ``dot -Tpng plan.dot -o plan.png``; :data:`INSTALL_HINT` says how to get dot).
-    Nothing is bound or run."""
+    names (:data:`FORMATS`). Nothing is bound or run.
+
+    ``view="layers"`` (the default, except for ``.dot``): one row per layer of the user's
+    graph, how each device holds its output and weight, what it moves, beside memory per
+    device and the bytes of each cut (:mod:`tofu_mx.runtime.layers`; ``only``: the layers
+    whose names contain that text). ``view="graph"``: the operators and what moves between
+    them, drawn by Graphviz (``coarsen``, ``max_operators``: see :func:`picture`); where its
+    ``dot`` program is missing, the ``.dot`` file is written next to ``path`` instead
+    (``Drawing.missing_dot``; render it later with ``dot -Tpng plan.dot -o plan.png``;
+    :data:`INSTALL_HINT` says how to get dot)."""
     path = os.fspath(path)
-    suffix = check_output(path)
+    view = view_of(view, path, only)
+    suffix = check_output(path, view=view)
+    if view == "layers":
+        from tofu_mx.runtime import layers
+        table = layers.layers(ptd)
+        figure = layers.render(table, only, title)
+        atomic_write_bytes(path, layers.save(figure, FORMATS[suffix]))
+        return Drawing(path, False, table)
     pic = picture(ptd, coarsen, max_operators)
     graph = render(pic, title)
     if suffix == ".dot" or shutil.which("dot") is None:
@@ -471,15 +497,36 @@ def draw(ptd: PartitionedSymbol, path: str | os.PathLike, coarsen: bool | None =
     return Drawing(path, False, pic)
 
 
-def check_output(path: str, what: str = "the drawing") -> str:
-    """The suffix of ``path`` if :func:`draw` can write there (a known format, an existing
-    folder); else :class:`tofu_mx.InvalidArgumentError` saying what to change."""
+def view_of(view: str | None, path: str | os.PathLike, only: str | None = None) -> str:
+    """The view :func:`draw` draws to ``path``: ``view``, else ``graph`` for a ``.dot`` file
+    and ``layers`` otherwise; :class:`tofu_mx.InvalidArgumentError` for an unknown view,
+    ``only`` with the graph view, or ``only`` not a non-empty string."""
+    if view is not None and view not in VIEWS:
+        raise InvalidArgumentError(f"view must be one of {', '.join(map(repr, VIEWS))}, got "
+                                   f"{view!r}")
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    view = view or ("graph" if suffix == ".dot" else "layers")
+    if only is not None and (not isinstance(only, str) or not only):
+        raise InvalidArgumentError(f"only must be a non-empty text (part of a layer's name), "
+                                   f"got {only!r}")
+    if only is not None and view != "layers":
+        raise InvalidArgumentError("only= picks rows of the layer view; draw to a .png, .svg "
+                                   "or .pdf with view='layers' (or leave only out)")
+    return view
+
+
+def check_output(path: str, what: str = "the drawing", view: str = "graph") -> str:
+    """The suffix of ``path`` if :func:`draw` can write ``view`` there (a known format, an
+    existing folder); else :class:`tofu_mx.InvalidArgumentError` saying what to change."""
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FORMATS:
         raise InvalidArgumentError(f"cannot draw to {path!r}: its suffix {suffix!r} names no "
                                    f"format; use one of {', '.join(FORMATS)}")
+    if view == "layers" and suffix == ".dot":
+        raise InvalidArgumentError(f"cannot draw the layer view to {path!r}: a .dot file holds "
+                                   f"the graph view; use .png, .svg or .pdf, or view='graph'")
     check_writable(path, what)
-    if suffix != ".dot":        # written instead where Graphviz's dot is missing
+    if view == "graph" and suffix != ".dot":   # written instead where Graphviz's dot is missing
         check_writable(os.path.splitext(path)[0] + ".dot", f"{what}'s .dot file")
     return suffix

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -367,6 +368,16 @@ class PartitionedSymbol:
                          f"{format_bytes(m.inputs)}, activations {format_bytes(m.activations)}:"
                          f" {format_bytes(m.total)}")
         return "\n".join(lines)
+
+    def draw(self, path: str | os.PathLike, view: str | None = None,
+             only: str | None = None) -> Any:
+        """Write a picture of the plan to ``path`` (.png, .svg, .pdf; .dot for the graph
+        view): by default a row per layer, how each device holds its output and weight and
+        what it moves, beside memory per device and the bytes of each cut; ``only``: the
+        layers whose names contain that text; ``view="graph"``: the operators, drawn by
+        Graphviz. Returns :class:`tofu_mx.runtime.draw.Drawing`."""
+        from tofu_mx.runtime.draw import draw
+        return draw(self, path, view=view, only=only)
 
     def __repr__(self) -> str:
         return (f"PartitionedSymbol({len(self.contexts)} devices, "

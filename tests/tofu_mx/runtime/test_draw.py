@@ -154,7 +154,7 @@ def test_a_large_graph_is_drawn_as_the_searchs_groups():
 def test_without_dot_a_dot_file_is_written_next_to_the_output(tmp_path, monkeypatch):
     ptd = partition(mlp(), 2, data=(8, 12))
     monkeypatch.setattr(drawing.shutil, "which", lambda name: None)
-    result = draw(ptd, tmp_path / "plan.png")
+    result = draw(ptd, tmp_path / "plan.png", view="graph")
     assert result.missing_dot and result.path == str(tmp_path / "plan.dot")
     assert os.listdir(tmp_path) == ["plan.dot"]             # no temporary file left behind
     assert (tmp_path / "plan.dot").read_text(encoding="utf-8").startswith("digraph plan {")
@@ -168,7 +168,7 @@ def test_a_dot_file_needs_no_dot_program(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot program is not installed")
 def test_with_dot_a_png_is_rendered(tmp_path):
-    result = draw(partition(mlp(), 2, data=(8, 12)), tmp_path / "plan.png")
+    result = draw(partition(mlp(), 2, data=(8, 12)), tmp_path / "plan.png", view="graph")
     assert not result.missing_dot and os.listdir(tmp_path) == ["plan.png"]
     assert (tmp_path / "plan.png").read_bytes()[:8] == PNG_MAGIC
 
