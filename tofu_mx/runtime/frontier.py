@@ -142,7 +142,7 @@ def trade_off(ptd, weight: float, optimizer_state: float, keep_share: float = 0.
     (SearchOptions.keep_share), when it re-fetches."""
     rows = tuple(dataclasses.replace(m, optimizer=int(m.weights * optimizer_state))
                  for m in ptd.memory_per_device())
-    return TradeOff(weight, ptd.plan.total_bytes, tuple(m.total for m in rows), rows,
+    return TradeOff(weight, ptd.plan.exact_bytes, tuple(m.total for m in rows), rows,
                     ptd.plan.refetch, keep_share if ptd.plan.refetch else 0.0)
 
 

@@ -218,10 +218,21 @@ class Plan:
     #                                       in the backward pass, not kept (SearchOptions)
     kept: tuple[tuple[str, int], ...] = ()   # with refetch, the (operator, input) whose
     #                                       converted copy is kept nevertheless (keep_share)
+    no_loss_head: bool = False            # no output is a loss head, and some output carries
+    #                                       a gradient: backward() needs out_grads
+    #                                       (:func:`has_no_loss_head`)
 
     @property
-    def total_bytes(self) -> float:
+    def exact_bytes(self) -> float:
+        """The bytes moved per training step as the search priced them (a float sum of the
+        levels' bytes): what plans are compared and sorted by."""
         return float(sum(level.bytes for level in self.levels))
+
+    @property
+    def total_bytes(self) -> int:
+        """The bytes moved per training step, whole (:attr:`exact_bytes` rounded): for
+        display; compare plans by :attr:`exact_bytes`."""
+        return round(self.exact_bytes)
 
     def tensor(self, name: str) -> TensorPlan:
         for t in self.tensors:
@@ -242,6 +253,8 @@ class Plan:
         for level in d["levels"]:      # an exact cut's record stays as it always was
             if not level["fixed"]:
                 del level["fixed"], level["gap"]
+        if not self.no_loss_head:      # so does a plan's with a loss head
+            del d["no_loss_head"]
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @staticmethod
@@ -289,13 +302,16 @@ class Plan:
             raise InvalidArgumentError(f"the plan's field 'kept' must be a list of [operator "
                                        f"name, input index] pairs, got {kept!r}")
         plan = Plan(**fields, fingerprint=d.get("fingerprint", ""),
-                    refetch=d.get("refetch", False), kept=tuple(map(tuple, kept)))
+                    refetch=d.get("refetch", False), kept=tuple(map(tuple, kept)),
+                    no_loss_head=d.get("no_loss_head", False))
         _check_types(plan)
         return plan
 
     def report(self, max_rows: int = 40) -> str:
         lines = [f"plan for {self.num_devices} devices, cuts {' x '.join(map(str, self.factors)) or '-'}"
                  f": {format_bytes(self.total_bytes)} moved per training step"]
+        if self.no_loss_head:
+            lines.append(NO_LOSS_HEAD)
         for k, lv in enumerate(self.levels):
             lines.append(f"  level {k + 1}: {lv.parts}-way cut in {lv.groups} group(s), "
                          f"{format_bytes(lv.bytes_per_group)} each, {format_bytes(lv.bytes)} in all "
@@ -333,6 +349,28 @@ class Plan:
         return "\n".join(lines)
 
 
+#: what :meth:`Plan.report` says of a graph with no loss head
+NO_LOSS_HEAD = ("  no loss head: no output is made by a loss operator (SoftmaxOutput, "
+                "MakeLoss, ...: one declared loss=True), so the backward pass priced here "
+                "starts from the outputs' gradients: give them to "
+                "exe.backward(out_grads=[...]) (a Gluon PartitionedBlock does); for inference "
+                "only, bind with grad_req='null'")
+
+
+def has_no_loss_head(graph: Graph, needs_grad: Mapping[tuple[int, int], bool]) -> bool:
+    """Whether MXNet's backward pass of ``graph`` needs the outputs' gradients given
+    (``out_grads``): no output is made by a loss head (an operator whose facts say
+    ``loss=True``), and some output carries a gradient (``needs_grad``:
+    :func:`~tofu_mx.search.structure.needs_grad_of`). An output of an operator with no
+    description may be a loss nobody declared (a custom one): nothing is claimed then."""
+    for e in graph.heads:
+        node = graph.nodes[e.node]
+        if not node.is_variable and (registry_entry(node.op, node.attrs) is None or
+                                     facts(node.op, Attrs(node.attrs)).loss):
+            return False
+    return any(needs_grad[(e.node, e.index)] for e in graph.heads)
+
+
 def _check_types(plan: Plan) -> None:
     """Every field of a plan read from JSON has its type (ints, strings, tuples of them)."""
     def ints(values, what):
@@ -357,9 +395,10 @@ def _check_types(plan: Plan) -> None:
     strings([plan.fingerprint], "fingerprint")
     strings([name for name, _ in plan.kept], "kept inputs' operator names")
     ints([j for _, j in plan.kept], "kept inputs' indices")
-    if not isinstance(plan.refetch, bool):
-        raise InvalidArgumentError(f"the plan's refetch must be true or false, got "
-                                   f"{plan.refetch!r}")
+    for flag in ("refetch", "no_loss_head"):
+        if not isinstance(getattr(plan, flag), bool):
+            raise InvalidArgumentError(f"the plan's {flag} must be true or false, got "
+                                       f"{getattr(plan, flag)!r}")
     if plan.num_devices < 1 or any(f < 2 for f in plan.factors) or \
             math.prod(plan.factors) != plan.num_devices:
         raise InvalidArgumentError(f"the plan's cuts {list(plan.factors)} do not multiply to its "
@@ -875,7 +914,7 @@ def _candidates(graph: Graph, num_devices: int, options: SearchOptions, choose,
                              search_levels(graph, order, options, choose, shared.structure,
                                            weights, avoid),
                              options, shared, weights, used) for order in orders),
-                  key=lambda p: (p.total_bytes, p.factors))
+                  key=lambda p: (p.exact_bytes, p.factors))
 
 
 def _small_weights(graph: Graph, num_devices: int, options: SearchOptions,
@@ -987,13 +1026,15 @@ class _Shared:
     kept: Mapping             # kept_tensors
     opaque: tuple[OpaqueOp, ...]
     fingerprint: str
+    no_loss_head: bool        # has_no_loss_head
 
     @staticmethod
     def of(graph: Graph) -> "_Shared":
         structure = GraphStructure.of(graph)
         return _Shared(structure, kept_tensors(graph, structure.needs_grad,
                                                structure.backward),
-                       _opaque_ops(graph), graph_fingerprint(graph))
+                       _opaque_ops(graph), graph_fingerprint(graph),
+                       has_no_loss_head(graph, structure.needs_grad))
 
 
 def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
@@ -1018,7 +1059,8 @@ def _assemble(graph: Graph, num_devices: int, order: Sequence[int],
     levels = tuple(dataclasses.replace(lv, bytes_per_group=lv.bytes_per_group - s)
                    for lv, s in zip(levels, saved))
     return Plan(num_devices, tuple(order), levels, tensors, op_plans, memory,
-                shared.opaque, coarsening, shared.fingerprint, options.refetch, kept)
+                shared.opaque, coarsening, shared.fingerprint, options.refetch, kept,
+                shared.no_loss_head)
 
 
 def _readers_of(graph: Graph, structure: GraphStructure, tensors: frozenset

@@ -1,11 +1,15 @@
 """Bytes against memory: the Pareto front, and the weight search under a budget."""
+import types
+
 import mxnet as mx
 import pytest
 
 import tofu_mx
 from tofu_mx import models
 from tofu_mx.errors import NoFeasiblePlanError
-from tofu_mx.runtime.frontier import MAX_WEIGHT, TradeOff, fit_budget, pareto
+from tofu_mx.runtime.frontier import MAX_WEIGHT, TradeOff, fit_budget, pareto, trade_off
+from tofu_mx.runtime.partitioned import DeviceMemory
+from tofu_mx.search.plan import Level, Plan
 
 
 def point(weight, moved, *memory):
@@ -25,6 +29,14 @@ def fake(memory_of_weight, calls):
         m = memory_of_weight(weight)
         return point(weight, 100 + weight, m, m), ("plan", weight)
     return measure
+
+
+def test_a_trade_off_weighs_a_plans_exact_bytes():
+    """Plans are compared by the bytes the search priced, not by ``total_bytes`` rounded."""
+    plan = Plan(2, (2,), (Level(2, 1, 10.4, 1, 1, 1),), (), (), (), ())
+    ptd = types.SimpleNamespace(plan=plan, memory_per_device=lambda: [
+        DeviceMemory("cpu(0)", 8, 8, 0, 0, 0)])
+    assert trade_off(ptd, 0.0, 1.0).bytes_moved == 10.4 and plan.total_bytes == 10
 
 
 def test_the_default_weight_is_kept_when_it_fits():

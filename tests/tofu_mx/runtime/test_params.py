@@ -1,5 +1,6 @@
 """Parameters in and out of the shards, checkpoints in the ordinary format, bad input, and a
 few SGD steps that match one device step for step."""
+import re
 import warnings
 
 import mxnet as mx
@@ -198,3 +199,46 @@ def test_sgd_steps_match_one_device(k):
     for name in init:
         np.testing.assert_allclose(got[name].asnumpy(), ref.arg_dict[name].asnumpy(),
                                    rtol=1e-9, atol=1e-12)
+
+
+def test_a_graph_without_a_loss_head_backward_needs_out_grads_as_on_one_device():
+    """A graph whose outputs are not loss heads (inference, or a loss computed outside) is
+    partitioned as it is, with no warning, and its report says that backward() needs the
+    outputs' gradients. Without them the partitioned executor refuses as MXNet's one-device
+    executor does; with them its outputs and every gradient are that executor's."""
+    x = mx.sym.var("data")
+    h = mx.sym.Activation(mx.sym.FullyConnected(x, num_hidden=8, name="fc1"), act_type="tanh")
+    sym = mx.sym.FullyConnected(h, num_hidden=4, name="fc2")
+    shapes, types = {"data": (12, 6)}, {"data": "float64"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ptd = tofu_mx.partition(sym, [mx.cpu(0), mx.cpu(1)], dtypes=types, **shapes)
+    assert not [w for w in caught if "loss" in str(w.message)]
+    said = re.compile(r"no loss head: no output is made by a loss operator .* starts from "
+                      r"the outputs' gradients: give them to exe\.backward\(out_grads=\[\.\.\.\]\)"
+                      r".*for inference only, bind with grad_req='null'")
+    assert said.search(ptd.report()) and said.search(tofu_mx.plan(sym, 2, **shapes).report())
+    labelled = mx.sym.SoftmaxOutput(sym, name="softmax")
+    assert "no loss head" not in partition(labelled, 2, softmax_label=(12,), **shapes).report()
+
+    rng = np.random.default_rng(0)
+    graph = import_symbol(sym, dtypes=types, **shapes)
+    values = {n.name: rng.standard_normal(n.outputs[0].shape) for n in graph.variables()}
+    head = rng.standard_normal((12, 4))
+    ref = sym.simple_bind(mx.cpu(0), grad_req="write", type_dict=types, **shapes)
+    for name, value in values.items():
+        ref.arg_dict[name][:] = value
+    exe = ptd.simple_bind(grad_req="write")
+    for name, value in ptd.split_arrays(values).items():
+        exe.arg_dict[name][:] = value
+    for e in (ref, exe):
+        e.forward(is_train=True)
+        with pytest.raises(mx.base.MXNetError, match="head_gradient is required"):
+            e.backward()
+        e.backward(out_grads=[mx.nd.array(head, ctx=e.outputs[0].context, dtype="float64")])
+    np.testing.assert_allclose(exe.outputs[0].asnumpy(), ref.outputs[0].asnumpy(), rtol=1e-12)
+    got = ptd.merge_arrays({n: g.asnumpy() for n, g in exe.grad_dict.items() if g is not None})
+    assert sorted(got) == sorted(values)
+    for name in values:
+        np.testing.assert_allclose(got[name], ref.grad_dict[name].asnumpy(), rtol=1e-10,
+                                   atol=1e-12, err_msg=name)

@@ -1,4 +1,5 @@
 import dataclasses
+import importlib
 import json
 import math
 import types
@@ -355,6 +356,60 @@ def test_plans_say_whether_they_refetch_and_older_plans_do_not():
     d["refetch"] = "yes"
     with pytest.raises(InvalidArgumentError, match="refetch"):
         Plan.from_json(json.dumps(d))
+
+
+def test_total_bytes_is_a_whole_number_of_the_exact_sum():
+    """``total_bytes`` (what users print) is an int, the levels' sum rounded; ``exact_bytes``
+    is the sum itself. Neither is a field: the JSON round trip is as before."""
+    p = plan(mlp(), 6, data=(BATCH, 32), softmax_label=(BATCH,))
+    assert isinstance(p.total_bytes, int) and isinstance(p.exact_bytes, float)
+    assert p.exact_bytes == sum(lv.bytes for lv in p.levels)
+    assert p.total_bytes == round(sum(lv.bytes for lv in p.levels))
+    assert "total_bytes" not in p.to_json() and Plan.from_json(p.to_json()) == p
+    level = dataclasses.replace(p.levels[0], groups=1, bytes_per_group=1234.6)
+    assert dataclasses.replace(p, levels=(level,)).total_bytes == 1235
+    assert f"{dataclasses.replace(p, levels=(level,)).total_bytes}" == "1235"
+
+
+def test_candidates_are_sorted_by_the_exact_bytes_not_the_rounded(monkeypatch):
+    """Two factor orders whose bytes round to the same whole number: the plan moving fewer
+    exact bytes wins, though the other's factors come first (the tie-break of equal costs)."""
+    plan_module = importlib.import_module("tofu_mx.search.plan")   # (.plan is the function)
+    exact = {(2, 3): 10.4, (3, 2): 10.2}    # both 10 bytes, rounded
+
+    def assemble(graph, k, order, results, *rest):
+        level = plan_module.Level(order[0], 1, exact[tuple(order)], 1, 1, 1)
+        return Plan(k, tuple(order), (level,), (), (), (), ())
+    monkeypatch.setattr(plan_module, "search_levels", lambda *a, **kw: [])
+    monkeypatch.setattr(plan_module, "_assemble", assemble)
+    graph = import_symbol(mlp(), data=(BATCH, 32), softmax_label=(BATCH,))
+    best = plan_graph(graph, 6, options=SearchOptions(balance=0))
+    assert best.factors == (3, 2) and best.exact_bytes == 10.2 and best.total_bytes == 10
+
+
+def test_plans_say_whether_the_graph_has_no_loss_head():
+    """A graph none of whose outputs is a loss head needs the outputs' gradients given to
+    backward(): the plan says so (its JSON only then holds the flag; older plans did not)."""
+    fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc")
+    p = plan(fc, 2, data=(BATCH, 32))
+    assert p.no_loss_head and Plan.from_json(p.to_json()) == p
+    assert "no loss head: no output is made by a loss operator" in p.report()
+    assert "exe.backward(out_grads=[...])" in p.report() and "grad_req='null'" in p.report()
+    d = json.loads(p.to_json())
+    del d["no_loss_head"]       # written before the flag existed
+    assert not Plan.from_json(json.dumps(d)).no_loss_head
+    d["no_loss_head"] = "yes"
+    with pytest.raises(InvalidArgumentError, match="no_loss_head must be true or false"):
+        Plan.from_json(json.dumps(d))
+    with_loss = plan(mlp(), 2, data=(BATCH, 32), softmax_label=(BATCH,))
+    assert not with_loss.no_loss_head and "no_loss_head" not in with_loss.to_json()
+    assert "no loss head" not in with_loss.report()
+    # outputs that carry no gradient need none given; nor is an undescribed operator judged
+    assert not plan(mx.sym.BlockGrad(fc), 2, data=(BATCH, 32)).no_loss_head
+    from tests.tofu_mx.runtime.custom_ops import cube
+    assert not plan(cube(fc, name="cube"), 2, data=(4, 3)).no_loss_head
+    made = mx.sym.MakeLoss(mx.sym.sum(fc))
+    assert not plan(made, 2, data=(BATCH, 32)).no_loss_head
 
 
 def test_opaque_operators_read_from_older_plans():
