@@ -33,27 +33,12 @@ from tofu_mx.gluon import distributed  # noqa: E402
 from tofu_mx.devices import check_available, parse_devices  # noqa: E402
 from tofu_mx.files import atomic_write  # noqa: E402
 from tofu_mx.summary import format_bytes, parse_bytes  # noqa: E402
+from comparison import (FLOAT32_ERROR_FACTOR, FLOAT32_ERROR_FLOOR,  # noqa: E402
+                        PERTURBATION, PERTURBED_RUNS, RTOL_FLOAT64, SENSITIVITY_FACTOR,
+                        compare)
 
 #: where blocks are built and initialised before partitioning (the partition copies them)
 HOST = mx.cpu(0)
-#: float64 (--compare): the partitioned loss curve must equal plain Gluon's to this relative
-#: tolerance at every step. Only summation orders differ (split reductions), and float64
-#: rounds at 1e-16, so 1e-7 leaves room for rounding growing ~1e9x through training.
-RTOL_FLOAT64 = 1e-7
-#: float32 (--compare): both float32 curves are judged against a float64 run of plain Gluon
-#: (the oracle, from the same initial values and batches). At each step the partitioned
-#: curve's relative error must be at most FLOAT32_ERROR_FACTOR x the largest error plain
-#: Gluon's float32 curve has had up to that step + FLOAT32_ERROR_FLOOR: partitioning may change
-#: the rounding, not add error beyond float32's. Two summation orders give errors of the same
-#: size, not the same errors, hence the factor; training amplifies rounding step after step,
-#: so a step is judged by the amplification Gluon has shown so far; the floor (64 float32
-#: ulps) covers first steps where Gluon's error happens to be near zero.
-FLOAT32_ERROR_FACTOR = 4.0
-FLOAT32_ERROR_FLOOR = 64 * float(np.finfo(np.float32).eps)
-#: float32 (--compare): where plain Gluon's float32 curve strays further than this (relative)
-#: from the float64 oracle, float32 training is too ill-conditioned for a tight comparison,
-#: and the script says so
-FLOAT32_ILL_CONDITIONED = 1e-3
 CHECKPOINT_FORMAT = "tofu_mx-examples-checkpoint/1"
 
 EPILOG = "\n\n".join(textwrap.fill(paragraph, 88) for paragraph in (
@@ -61,7 +46,11 @@ EPILOG = "\n\n".join(textwrap.fill(paragraph, 88) for paragraph in (
     f"device of --devices (gluon.Trainer, same batches and optimizer; Dropout switched off "
     f"in every run, as its random masks differ) and prints both loss curves side by side; "
     f"the exit code is 1 if they differ beyond float tolerance. float64: every step within "
-    f"rtol {RTOL_FLOAT64:g}. float32: a third run, plain Gluon in float64, is the oracle; at "
+    f"rtol {RTOL_FLOAT64:g}; where not, plain Gluon is trained {PERTURBED_RUNS} more times "
+    f"with the first batch moved by {PERTURBATION:g} (relative) to measure the model's own "
+    f"sensitivity: if its curve moves as much, the model is chaotic at this size (it says "
+    f"so), and tofu_mx's curve may differ from Gluon's by up to {SENSITIVITY_FACTOR:g} x "
+    f"that. float32: a third run, plain Gluon in float64, is the oracle; at "
     f"each step the partitioned curve's relative error from it may be at most "
     f"{FLOAT32_ERROR_FACTOR:g} x the largest error plain Gluon's float32 curve has had so far "
     f"+ {FLOAT32_ERROR_FLOOR:.1e}. Two float32 runs are not compared with each other: "
@@ -472,9 +461,12 @@ def train(args, task: Task) -> int:
     if blob is not None:
         start, curve = resume(args, blob, pnet, trainer, refs)
         print(f"resumed from {args.checkpoint} at step {start}")
-    seconds = loop(args, task, pnet, trainer, refs, start, curve, config, team)
-    report(args, curve, start, seconds, trainer, team)
-    return compare(args, curve, start, refs) if refs else 0
+    with tempfile.TemporaryDirectory() as folder:
+        again = (perturbed_gluon(args, task, refs[0], start, folder)
+                 if refs and args.dtype == "float64" else None)
+        seconds = loop(args, task, pnet, trainer, refs, start, curve, config, team)
+        report(args, curve, start, seconds, trainer, team)
+        return compare(args, curve, start, refs, again) if refs else 0
 
 
 def partition(args, task: Task, net: gluon.HybridBlock, team: Workers) -> tg.PartitionedBlock:
@@ -548,45 +540,32 @@ def report(args, curve, start, seconds, trainer, team: Workers) -> None:
                                              for c in columns))
 
 
-def compare(args, curve, start, refs: list[Reference]) -> int:
-    """Print the curves of this run's steps side by side; 1 if they differ beyond tolerance."""
-    ours, gluon_curve = np.array(curve[start:]), np.array(refs[0].curve)
-    if len(ours) == 0:
-        print("--compare: no steps were run")
-        return 0
-    rel = np.abs(ours - gluon_curve) / np.abs(gluon_curve)
-    columns = [(f"tofu_mx {len(args.devices)} devices", ours, "22.16g"),
-               (f"{refs[0].label} {refs[0].ctx}", gluon_curve, "22.16g"),
-               ("rel. diff", rel, "9.1e")]
-    if len(refs) == 1:
-        ok = bool((rel <= RTOL_FLOAT64).all())
-        verdict = (f"largest relative difference {rel.max():.2e}, tolerance {RTOL_FLOAT64:g} "
-                   f"(float64)")
-    else:
-        oracle = np.array(refs[1].curve)
-        ours_err = np.abs(ours - oracle) / np.abs(oracle)
-        gluon_err = np.abs(gluon_curve - oracle) / np.abs(oracle)
-        allowed = FLOAT32_ERROR_FACTOR * np.maximum.accumulate(gluon_err) + FLOAT32_ERROR_FLOOR
-        columns += [(f"{refs[1].label} {refs[1].ctx}", oracle, "22.16g"),
-                    ("tofu err", ours_err, "9.1e"), ("gluon err", gluon_err, "9.1e"),
-                    ("allowed", allowed, "9.1e")]
-        ok = bool((ours_err <= allowed).all())
-        worst = int(np.argmax(ours_err / allowed))
-        verdict = (f"relative error from the float64 oracle at most {ours_err.max():.2e} "
-                   f"(plain Gluon float32: {gluon_err.max():.2e}); closest to its limit at step "
-                   f"{start + worst + 1}: {ours_err[worst]:.2e} of {allowed[worst]:.2e} allowed "
-                   f"({FLOAT32_ERROR_FACTOR:g} x Gluon's largest so far + "
-                   f"{FLOAT32_ERROR_FLOOR:.1e})")
-    widths = [max(len(title), int(fmt.split(".")[0])) for title, _, fmt in columns]
-    print(f"{'step':>5}" + "".join(f"  {title:>{w}}" for (title, _, _), w in
-                                    zip(columns, widths)))
-    for i in range(len(ours)):
-        print(f"{start + i + 1:>5}" + "".join(f"  {values[i]:>{w}{fmt[fmt.index('.'):]}}"
-                                              for (_, values, fmt), w in zip(columns, widths)))
-    print(f"--compare: {'agree' if ok else 'DIFFER'}: {verdict}")
-    if len(refs) > 1 and gluon_err.max() > FLOAT32_ILL_CONDITIONED:
-        print(f"--compare: plain Gluon's own float32 curve strays up to {gluon_err.max():.1e} "
-              f"from float64's: training is ill-conditioned here (small batches, BatchNorm on "
-              f"small feature maps), so float32 bounds the comparison loosely; --dtype float64 "
-              f"compares tightly")
-    return 0 if ok else 1
+def perturbed_gluon(args, task: Task, ref: Reference, start: int, folder: str
+                    ) -> Callable[[], list[list]]:
+    """Plain Gluon's starting state (``ref``'s, before this run's steps) saved in ``folder``
+    now, and a callable that trains it again PERTURBED_RUNS times over this run's steps on
+    the same batches, each input of the first batch moved by PERTURBATION (random signs, new
+    ones each run), and returns their curves."""
+    params, states = os.path.join(folder, "start.params"), os.path.join(folder, "start.states")
+    ref.net.save_parameters(params)
+    ref.trainer.save_states(states)
+
+    def train_again(run: int) -> list:
+        net = new_block(task, ref.dtype, ref.ctx)
+        if not has_dropout(ref.net):
+            switch_off_dropout(net)
+        net.load_parameters(params, ctx=ref.ctx)
+        trainer = gluon.Trainer(net.collect_params(), args.optimizer, optimizer_params(args))
+        trainer.load_states(states)
+        again = Reference(f"{ref.label} perturbed", ref.dtype, ref.ctx, net, trainer)
+        for step in range(start, args.steps_total):
+            x, y = task.data.batch(step)
+            again.step(task.loss, perturb(x, [args.seed, run]) if step == start else x, y)
+        return again.curve
+    return lambda: [train_again(run) for run in range(PERTURBED_RUNS)]
+
+
+def perturb(x: np.ndarray, seed: list[int]) -> np.ndarray:
+    """``x`` with each element moved by a relative PERTURBATION, up or down at random."""
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=x.shape)
+    return (x * (1 + PERTURBATION * signs)).astype(x.dtype)
