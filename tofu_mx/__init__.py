@@ -1,6 +1,6 @@
 """tofu_mx: partition every tensor and operator of an MXNet 1.9.1 graph over k devices (Tofu).
 
-The pipeline: import -> annotate (TDL) -> analyse -> coarsen -> search -> rewrite -> bind.
+The pipeline: import -> annotate (TDL) -> analyse -> coarsen -> search -> route -> emit -> bind.
 What the package offers:
 
 - :func:`partition` (``tofu_mx.partition(symbol, ctx, **shapes)``): the whole pipeline; returns
