@@ -377,7 +377,9 @@ def _check_partition(partitioned: Any, reference: mx.sym.Symbol, ref_graph: Grap
     made_for = getattr(partitioned, "graph", None)
     problems = [] if made_for is None else _graph_differences(made_for, ref_graph)
     if problems:     # partition() searches and rewrites the lowered graph
-        lowered = lower_graph(ref_graph, len(partitioned.contexts))
+        plan = getattr(partitioned, "plan", None)
+        lowered = lower_graph(ref_graph, len(partitioned.contexts),
+                              keep=getattr(plan, "unlowered", ()))
         if lowered is not ref_graph and not _graph_differences(made_for, lowered):
             problems = []
     theirs = getattr(partitioned, "reference", None)

@@ -25,6 +25,7 @@ from tofu_mx.errors import (CheckpointError, InvalidArgumentError, NoFeasiblePla
                             TofuError, UnsupportedOperatorError, mxnet_message)
 from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.runtime.assign import Assignment, assign
+from tofu_mx.runtime.unlower import unlower
 from tofu_mx.runtime.frontier import FRONTIER_WEIGHTS, Frontier, fit_budget, pareto, trade_off
 from tofu_mx.search.plan import (Plan, SearchOptions, budgets_of, check_device_count,
                                  check_plan, lower_graph, plan_graph)
@@ -447,13 +448,14 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes
     k = check_device_count(len(contexts))
     if memory_budget is not None:
         budgets_of(memory_budget, k)        # before the import, which may take a while
-    graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), k)
+    whole = import_graph(symbol, dtypes=dtypes, **shapes)
+    graph = lower_graph(whole, k)
     if memory_budget is None:
         plan, assignment = runnable_plan(graph, k, options)
         _check_operators(graph, plan, k, strict)
-        return _rewritten(symbol, graph, plan, assignment, contexts)
+        return _built(symbol, whole, graph, plan, assignment, contexts)
     budgets = budgets_of(memory_budget, k)
-    applied = _Applied(symbol, graph, contexts)
+    applied = _Applied(symbol, whole, graph, contexts)
 
     def measure(weight: float, refetch: bool = False, keep_share: float = 0.0):
         tried = _variant(options, weight, refetch, keep_share)
@@ -506,15 +508,16 @@ class _Applied:
     weights a budget or a frontier tries often give the same plan (measured: 9 tries, 7
     plans), and rewriting and measuring one costs far more than searching it."""
 
-    def __init__(self, symbol: mx.sym.Symbol, graph: Graph, contexts: Sequence[mx.Context]):
-        self.symbol, self.graph, self.contexts = symbol, graph, contexts
+    def __init__(self, symbol: mx.sym.Symbol, whole: Graph, graph: Graph,
+                 contexts: Sequence[mx.Context]):
+        self.symbol, self.whole, self.graph, self.contexts = symbol, whole, graph, contexts
         self._done: dict[str, PartitionedSymbol] = {}
 
     def __call__(self, plan: Plan, assignment: Assignment) -> PartitionedSymbol:
         key = plan.to_json()
         if key not in self._done:
-            self._done[key] = _rewritten(self.symbol, self.graph, plan, assignment,
-                                         self.contexts)
+            self._done[key] = _built(self.symbol, self.whole, self.graph, plan, assignment,
+                                     self.contexts)
         return self._done[key]
 
 
@@ -551,7 +554,7 @@ def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     whole = import_graph(symbol, dtypes=dtypes, **shapes)
     graph = lower_graph(whole, k)
     points = []
-    applied = _Applied(symbol, graph, contexts)
+    applied = _Applied(symbol, whole, graph, contexts)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)     # fallbacks: reported by partition()
         one = apply_plan(symbol, whole, plan_graph(whole, 1, options=options), contexts[:1])
@@ -586,10 +589,22 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
     return _rewritten(symbol, graph, plan, assign(graph, plan), contexts, ordered)
 
 
-def _rewritten(symbol: mx.sym.Symbol, graph: Graph, plan: Plan, assignment: Assignment,
-               contexts: Sequence[mx.Context], ordered: bool = False) -> PartitionedSymbol:
-    """:func:`apply_plan`'s rewrite and checks, given the plan's assignment."""
+def _built(symbol: mx.sym.Symbol, whole: Graph, graph: Graph, plan: Plan,
+           assignment: Assignment, contexts: Sequence[mx.Context]) -> PartitionedSymbol:
+    """:func:`partition`'s last steps for a plan of ``graph`` (``whole`` lowered): route,
+    run the operators the plan splits as they split unlowered
+    (:func:`~tofu_mx.runtime.unlower.unlower`), emit, check."""
     program = route(graph, assignment)
+    graph, plan, assignment, program = unlower(whole, graph, plan, assignment, program)
+    return _rewritten(symbol, graph, plan, assignment, contexts, program=program)
+
+
+def _rewritten(symbol: mx.sym.Symbol, graph: Graph, plan: Plan, assignment: Assignment,
+               contexts: Sequence[mx.Context], ordered: bool = False,
+               program: Program | None = None) -> PartitionedSymbol:
+    """:func:`apply_plan`'s rewrite and checks, given the plan's assignment (and its
+    Program, where it was routed already)."""
+    program = route(graph, assignment) if program is None else program
     ptd = PartitionedSymbol(symbol, graph, plan, assignment, program, emit(program, ordered),
                             list(contexts))
     _check_rewrite(ptd)

@@ -15,6 +15,7 @@ small graph on one device and on k devices (a few more with the oracle).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 from typing import Any
@@ -75,12 +76,15 @@ def check_partition(ptd: Any, batch: int | None = None, seed: int = 0, rtol: flo
     for symbol, dtypes, oracle in ((wide_symbol, wide, None), (ptd.reference, own, "float64"),
                                    (ptd.reference, own, None)):
         try:      # MXNet refuses a dtype its kernels lack when it infers the graph's types
-            graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), k)
+            graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), k,
+                                keep=ptd.plan.unlowered)
         except ShapeInferenceError as e:
             failure = e
             continue
-        plan = plan_graph(graph, k, options=SearchOptions(refetch=ptd.plan.refetch),
-                          choose=same_strategies(ptd.plan), factors=ptd.plan.factors)
+        plan = dataclasses.replace(plan_graph(
+            graph, k, options=SearchOptions(refetch=ptd.plan.refetch),
+            choose=same_strategies(ptd.plan), factors=ptd.plan.factors),
+            unlowered=ptd.plan.unlowered)
         small = apply_plan(symbol, graph, plan, cpus)
         try:
             return verify(symbol, small, cpus, rtol=rtol, atol=atol, seed=seed,

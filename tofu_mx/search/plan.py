@@ -221,6 +221,9 @@ class Plan:
     no_loss_head: bool = False            # no output is a loss head, and some output carries
     #                                       a gradient: backward() needs out_grads
     #                                       (:func:`has_no_loss_head`)
+    unlowered: tuple[str, ...] = ()       # operators run as themselves, not lowered: the
+    #                                       plan is for lower_graph(graph, k, keep=unlowered)
+    #                                       (tofu_mx.runtime.unlower)
 
     @property
     def exact_bytes(self) -> float:
@@ -255,6 +258,8 @@ class Plan:
                 del level["fixed"], level["gap"]
         if not self.no_loss_head:      # so does a plan's with a loss head
             del d["no_loss_head"]
+        if not self.unlowered:         # and one with every lowering kept
+            del d["unlowered"]
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @staticmethod
@@ -303,7 +308,8 @@ class Plan:
                                        f"name, input index] pairs, got {kept!r}")
         plan = Plan(**fields, fingerprint=d.get("fingerprint", ""),
                     refetch=d.get("refetch", False), kept=tuple(map(tuple, kept)),
-                    no_loss_head=d.get("no_loss_head", False))
+                    no_loss_head=d.get("no_loss_head", False),
+                    unlowered=_names(d.get("unlowered", []), "unlowered"))
         _check_types(plan)
         return plan
 
@@ -369,6 +375,13 @@ def has_no_loss_head(graph: Graph, needs_grad: Mapping[tuple[int, int], bool]) -
                                      facts(node.op, Attrs(node.attrs)).loss):
             return False
     return any(needs_grad[(e.node, e.index)] for e in graph.heads)
+
+
+def _names(value: Any, field: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise InvalidArgumentError(f"the plan's field {field!r} must be a list of operator "
+                                   f"names, got {value!r}")
+    return tuple(value)
 
 
 def _check_types(plan: Plan) -> None:
@@ -457,9 +470,11 @@ def check_plan(plan: Plan, graph: Graph, num_devices: int | None = None) -> None
     as the layouts make them) and a strategy per cut for each operator. A plan edited by hand
     passes if it is consistent; one made elsewhere, for other shapes or devices, does not."""
     def bad(what: str):
-        return InvalidArgumentError(f"the plan does not fit this graph: {what}. Make the plan "
-                                    f"for this graph and these shapes (tofu_mx.plan(symbol, k, "
-                                    f"**shapes)), or partition() directly")
+        lowered = (f"; it runs {len(plan.unlowered)} operator(s) unlowered, so lower the graph "
+                   f"with lower_graph(graph, k, keep=plan.unlowered)" if plan.unlowered else "")
+        return InvalidArgumentError(f"the plan does not fit this graph: {what}{lowered}. Make "
+                                    f"the plan for this graph and these shapes (tofu_mx.plan("
+                                    f"symbol, k, **shapes)), or partition() directly")
     if num_devices is not None and plan.num_devices != num_devices:
         raise bad(f"it is for {plan.num_devices} devices, {num_devices} are given")
     if any(f < 2 for f in plan.factors) or math.prod(plan.factors) != plan.num_devices:
@@ -849,13 +864,16 @@ def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions
     return found
 
 
-def lower_graph(graph: Graph, num_devices: int) -> Graph:
+def lower_graph(graph: Graph, num_devices: int, keep: frozenset | Sequence[str] = ()) -> Graph:
     """``graph`` with the operators that split better as their parts lowered into them
     (:attr:`tofu_mx.tdl.OpFacts.lowering`: BatchNorm), when there is more than one device;
-    the graph plan() searches and partition() rewrites."""
+    the graph plan() searches and partition() rewrites. ``keep``: names of operators left
+    as they are (:attr:`Plan.unlowered`)."""
     if num_devices == 1:
         return graph
-    return lower(graph, lambda node: _lowering_of(node.op, node.attrs, generation()))
+    keep = frozenset(keep)
+    return lower(graph, lambda node: None if node.name in keep else
+                 _lowering_of(node.op, node.attrs, generation()))
 
 
 @functools.lru_cache(maxsize=1 << 12)

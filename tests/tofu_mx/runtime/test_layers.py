@@ -33,7 +33,9 @@ def test_a_row_per_operator_of_the_users_graph_with_batchnorm_folded(resnet):
     assert [(r.name, r.op) for r in view.layers] == [(n["name"], n["op"]) for n in user]
     assert len(view.layers) == 69 < len(resnet.graph.operators())
     norms = [r for r in view.layers if r.op == "BatchNorm"]
-    assert len(norms) == 20 and all(r.operators > 20 for r in norms)
+    assert len(norms) == 20
+    for r in norms:     # lowered into its sums, or run as itself where split on channels
+        assert r.operators == 1 if r.name in resnet.plan.unlowered else r.operators > 20
     assert sum(r.operators for r in view.layers) == len(resnet.graph.operators())
     assert all(r.operators == 1 for r in view.layers if r.op != "BatchNorm")
     assert view.prefix == "resnetv10_"
@@ -82,7 +84,8 @@ def test_the_picture_fits_a_screen_and_names_every_layer(resnet, tmp_path):
         assert view.short(row.name) in shown
     assert any(t.startswith("How to read it. A row is one layer") for t in shown)
     assert any("partial sums: each device computes a partial result" in t for t in shown)
-    assert "BatchNorm (33 ops)" in shown
+    lowered = [r for r in view.layers if r.op == "BatchNorm" and r.operators > 1]
+    assert all(f"BatchNorm ({r.operators} ops)" in shown for r in lowered)
 
 
 def test_only_draws_the_layers_whose_names_contain_it(resnet, tmp_path):
