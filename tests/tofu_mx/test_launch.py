@@ -142,7 +142,10 @@ def test_a_signal_to_the_launcher_stops_everything_it_started(signum, tmp_path):
             up += line.endswith("up\n")
             if up == 2:
                 break
-        started = _marked(marker)
+        started, deadline = _marked(marker), time.monotonic() + 10
+        while len(started) < 7 and time.monotonic() < deadline:   # a child may still start
+            time.sleep(0.1)
+            started = _marked(marker)
         assert len(started) >= 7     # launcher, scheduler, server, 2 workers, their children
         launcher.send_signal(signum)
         assert launcher.wait(timeout=15) == 128 + signum
