@@ -47,15 +47,20 @@ def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment,
     operators the plan splits as they split run as themselves (see the module docstring)."""
     if graph is whole or plan.num_devices == 1:
         return graph, plan, assignment, program
+    groups = lowered_groups(whole, graph)
+    if not groups:
+        return graph, plan, assignment, program
+    where = _Entries(whole, graph)
+    view = View.of(whole)
     found = {}
-    for name, members in lowered_groups(whole, graph).items():
-        strategies = _as_operator(whole, graph, plan, name, members)
+    for name, members in groups.items():
+        strategies = _as_operator(whole, view, graph, plan, where, name, members)
         if strategies is not None:
             found[name] = strategies
     if not found:
         return graph, plan, assignment, program
     kept = lower_graph(whole, plan.num_devices, keep=frozenset(found))
-    translated = _translated(plan, graph, kept, whole, found)
+    translated = _translated(plan, graph, kept, where, found)
     check_plan(translated, kept, plan.num_devices)
     new_assignment = assign(kept, translated)
     index = {n.name: i for i, n in enumerate(kept.nodes)}
@@ -90,8 +95,8 @@ def lowered_groups(whole: Graph, graph: Graph) -> dict[str, list[int]]:
     return groups
 
 
-def _as_operator(whole: Graph, graph: Graph, plan: Plan, name: str,
-                 members: Sequence[int]) -> list | None:
+def _as_operator(whole: Graph, view: View, graph: Graph, plan: Plan, where: "_Entries",
+                 name: str, members: Sequence[int]) -> list | None:
     """Per cut, the strategy of ``whole``'s operator ``name`` (a
     :class:`~tofu_mx.tdl.analysis.Strategy`) storing its output 0 as ``plan`` stores its
     lowering's, or None if it has none at some cut or its lowering reduces or runs whole."""
@@ -99,14 +104,13 @@ def _as_operator(whole: Graph, graph: Graph, plan: Plan, name: str,
     if any(s.kind in ("reduce", "whole") for m in members
            for s in ops[graph.nodes[m].name].strategies):
         return None
-    entry = _lowered_entry(whole, graph, name, 0)
+    entry = where.of(name, 0)
     if entry is None:
         return None
     layouts = plan.tensor(f"{graph.nodes[entry[0]].name}:{entry[1]}").layouts
-    index = next(i for i, n in enumerate(whole.nodes) if n.name == name)
     chosen = []
     for layout, parts in zip(layouts, plan.factors):
-        strategies = op_strategies(whole, index, View.of(whole), parts)
+        strategies = op_strategies(whole, where.whole_index[name], view, parts)
         fits = [s for s in strategies if _stores(s, layout)]
         if not fits:
             return None
@@ -123,24 +127,30 @@ def _stores(strategy, layout: StoredLayout) -> bool:
         out.halo == (0, 0)
 
 
-def _lowered_entry(whole: Graph, graph: Graph, name: str, j: int) -> tuple[int, int] | None:
-    """The entry of ``graph`` standing for output ``j`` of ``whole``'s operator ``name``:
-    what a reader of it kept in ``graph`` reads there, or the graph output it is."""
-    at = {n.name: i for i, n in enumerate(graph.nodes)}
-    source = next(i for i, n in enumerate(whole.nodes) if n.name == name)
-    for node in whole.nodes:
-        for p, e in enumerate(node.inputs):
-            if (e.node, e.index) == (source, j) and node.name in at:
-                found = graph.nodes[at[node.name]].inputs[p]
-                return found.node, found.index
-    for h, e in enumerate(whole.heads):
-        if (e.node, e.index) == (source, j):
-            return graph.heads[h].node, graph.heads[h].index
-    return None
+class _Entries:
+    """Where ``graph`` (``whole`` lowered) holds each output of ``whole``'s operators."""
+
+    def __init__(self, whole: Graph, graph: Graph):
+        self.whole_index = {n.name: i for i, n in enumerate(whole.nodes)}
+        at = {n.name: i for i, n in enumerate(graph.nodes)}
+        self._entries: dict[tuple[int, int], tuple[int, int]] = {}
+        for node in whole.nodes:        # what a reader kept in graph reads there
+            if node.name in at:
+                for p, e in enumerate(node.inputs):
+                    found = graph.nodes[at[node.name]].inputs[p]
+                    self._entries.setdefault((e.node, e.index), (found.node, found.index))
+        for h, e in enumerate(whole.heads):        # or the graph output it is
+            self._entries.setdefault((e.node, e.index),
+                                     (graph.heads[h].node, graph.heads[h].index))
+
+    def of(self, name: str, j: int) -> tuple[int, int] | None:
+        """The entry of ``graph`` standing for output ``j`` of ``whole``'s operator
+        ``name``; None where nothing reads it."""
+        return self._entries.get((self.whole_index[name], j))
 
 
-def _translated(plan: Plan, graph: Graph, kept: Graph, whole: Graph, found: dict) -> Plan:
-    """``plan`` for ``kept`` (``whole`` lowered except ``found``'s operators, each given its
+def _translated(plan: Plan, graph: Graph, kept: Graph, where: _Entries, found: dict) -> Plan:
+    """``plan`` for ``kept`` (the graph lowered except ``found``'s operators, each given its
     strategy per cut)."""
     tensors = {t.name: t for t in plan.tensors}
     ops = {o.name: o for o in plan.ops}
@@ -155,7 +165,7 @@ def _translated(plan: Plan, graph: Graph, kept: Graph, whole: Graph, found: dict
             continue
         chosen = found[node.name]
         for j, info in enumerate(node.outputs):
-            entry = _lowered_entry(whole, graph, node.name, j)
+            entry = where.of(node.name, j)
             layouts = tensors[f"{graph.nodes[entry[0]].name}:{entry[1]}"].layouts \
                 if entry is not None else tuple(_stored(s, j) for s in chosen)
             new_tensors.append(TensorPlan(f"{node.name}:{j}", "activation", info.shape,
@@ -171,6 +181,9 @@ def _translated(plan: Plan, graph: Graph, kept: Graph, whole: Graph, found: dict
 
 
 def _stored(strategy, j: int) -> StoredLayout:
+    """How ``strategy`` leaves output ``j`` (one it does not describe: replicated)."""
+    if j >= len(strategy.output_layouts):
+        return REPLICATED_LAYOUT
     out = strategy.output_layouts[j]
     return StoredLayout(out.axis) if strategy.kind == "output" and out.kind == "split" else \
         REPLICATED_LAYOUT
