@@ -594,8 +594,7 @@ def _built(symbol: mx.sym.Symbol, whole: Graph, graph: Graph, plan: Plan,
     """:func:`partition`'s last steps for a plan of ``graph`` (``whole`` lowered): route,
     run the operators the plan splits as they split unlowered
     (:func:`~tofu_mx.runtime.unlower.unlower`), emit, check."""
-    program = route(graph, assignment)
-    graph, plan, assignment, program = unlower(whole, graph, plan, assignment, program)
+    graph, plan, assignment, program = unlower(whole, graph, plan, assignment)
     return _rewritten(symbol, graph, plan, assignment, contexts, program=program)
 
 

@@ -41,15 +41,16 @@ from tofu_mx.search.plan import OpPlan, Plan, TensorPlan, check_plan, graph_fing
     lower_graph
 
 
-def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment,
-            program: Program) -> tuple[Graph, Plan, Assignment, Program]:
-    """``graph`` (``whole`` lowered), ``plan``, ``assignment`` and ``program`` with the
-    operators the plan splits as they split run as themselves (see the module docstring)."""
+def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment
+            ) -> tuple[Graph, Plan, Assignment, Program | None]:
+    """``graph`` (``whole`` lowered), ``plan`` and ``assignment`` with the operators the plan
+    splits as they split run as themselves (see the module docstring), and the Program
+    where it was routed (None: route it)."""
     if graph is whole or plan.num_devices == 1:
-        return graph, plan, assignment, program
+        return graph, plan, assignment, None
     groups = lowered_groups(whole, graph)
     if not groups:
-        return graph, plan, assignment, program
+        return graph, plan, assignment, None
     where = _Entries(whole, graph)
     view = View.of(whole)
     found = {}
@@ -58,7 +59,7 @@ def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment,
         if strategies is not None:
             found[name] = strategies
     if not found:
-        return graph, plan, assignment, program
+        return graph, plan, assignment, None
     kept = lower_graph(whole, plan.num_devices, keep=frozenset(found))
     translated = _translated(plan, graph, kept, where, found)
     check_plan(translated, kept, plan.num_devices)
@@ -66,8 +67,8 @@ def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment,
     index = {n.name: i for i, n in enumerate(kept.nodes)}
     if any(new_assignment.ops[index[name]].unrunnable or
            new_assignment.ops[index[name]].fallback for name in found):
-        return graph, plan, assignment, program
-    new_program = route(kept, new_assignment)
+        return graph, plan, assignment, None
+    new_program, program = route(kept, new_assignment), route(graph, assignment)
     if moved(new_program) != moved(program):
         return graph, plan, assignment, program
     return kept, translated, new_assignment, new_program

@@ -45,8 +45,7 @@ def lowered_parts(shapes, k=2, dtypes=None):
 def test_a_channel_split_batchnorm_runs_as_batchnorm_moving_the_same_bytes():
     whole, graph, plan, assignment, program = lowered_parts(WIDE)
     assert sorted(lowered_groups(whole, graph)) == ["bn0", "bn1"]
-    kept, new_plan, new_assignment, new_program = unlower(whole, graph, plan, assignment,
-                                                          program)
+    kept, new_plan, new_assignment, new_program = unlower(whole, graph, plan, assignment)
     assert new_plan.unlowered == ("bn0", "bn1")
     assert [n.op for n in kept.operators() if n.name in ("bn0", "bn1")] == ["BatchNorm"] * 2
     assert len(kept.operators()) == len(whole.operators()) < len(graph.operators())
@@ -62,8 +61,8 @@ def test_a_channel_split_batchnorm_runs_as_batchnorm_moving_the_same_bytes():
 
 def test_a_batch_split_batchnorm_stays_lowered():
     whole, graph, plan, assignment, program = lowered_parts(DEEP)
-    found = unlower(whole, graph, plan, assignment, program)
-    assert found[0] is graph and found[1] is plan and found[3] is program
+    found = unlower(whole, graph, plan, assignment)
+    assert found[0] is graph and found[1] is plan and found[2] is assignment
     assert tofu_mx.partition(net(8), CTX, **DEEP).plan.unlowered == ()
 
 
