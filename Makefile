@@ -38,14 +38,15 @@ test-horovod: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-# The benchmarks: tables printed and written to bench/out/search.md and bench/out/partition.md
-# (the runs README quotes are kept in bench/results/). partition.py's k=8 rows need about 10 GB
-# of memory; `make bench BENCH_ARGS=--quick` runs the smaller sweep of both scripts.
+# The benchmarks: tables printed and written to bench/out/search.md, partition.md and
+# memory_mxnet.md (the runs README quotes are kept in bench/results/). partition.py's k=8 rows
+# need about 10 GB of memory; `make bench BENCH_ARGS=--quick` runs the smaller sweeps.
 BENCH_ARGS ?=
 
 bench: $(STAMP)
 	$(PY) bench/search.py $(BENCH_ARGS)
 	$(PY) bench/partition.py $(BENCH_ARGS)
+	$(PY) bench/memory_mxnet.py $(BENCH_ARGS)
 
 # The simulated paper evaluation (about 10 minutes): bench/out/paper.md and two plots.
 bench-paper: $(STAMP)
