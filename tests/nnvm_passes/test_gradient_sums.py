@@ -1,0 +1,66 @@
+"""MXNet 1.9.1's in-place gradient sums across devices (docs/mxnet-facts.md, "Gradient sums").
+
+A value read by n operators gets its gradient summed by MXNet: one ``ElementWiseSum`` when
+n < ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP`` (default 8), else a chain of in-place ``_grad_add``.
+Pinned here, each in a fresh process (MXNet latches the cap on first use), against the same
+graph on one device in float64: the chain is wrong when the pieces it adds come from
+several devices, and right when they all come from one. This is why ``import tofu_mx`` raises
+the cap, and what lowering it again would need: every sum's pieces on one device (a copy per
+reading device, read by that device's readers), and cross-device sums below the cap.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r"""
+import sys, numpy as np, mxnet as mx
+copies = sys.argv[1] == "copies"
+def build(two):
+    g0 = {"__ctx_group__": "dev0"}; g1 = {"__ctx_group__": "dev1"} if two else g0
+    x, w = mx.sym.var("x"), mx.sym.var("w")
+    with mx.AttrScope(**g0):
+        v = mx.sym.FullyConnected(x, w, num_hidden=6, no_bias=True, name="v")
+        local = mx.sym.identity(v, name="vloc") if copies else v
+    with mx.AttrScope(**g1):
+        remote = mx.sym.identity(v, name="vrem") if copies else v
+    outs = []
+    for i in range(10):          # 5 readers on each device
+        src, grp = (local, g0) if i < 5 else (remote, g1)
+        with mx.AttrScope(**grp):
+            outs.append(mx.sym.sum(mx.sym.tanh(src * (0.3 + 0.1 * i)), name=f"r{i}"))
+    with mx.AttrScope(**g0):
+        return mx.sym.MakeLoss(mx.sym.add_n(*outs), name="loss")
+rng = np.random.default_rng(0)
+X, W = rng.standard_normal((4, 5)), rng.standard_normal((6, 5))
+grads = []
+for two in (False, True):
+    exe = build(two).simple_bind(mx.cpu(0), group2ctx={"dev0": mx.cpu(0), "dev1": mx.cpu(1)},
+                                 x=(4, 5), w=(6, 5), type_dict={"x": "float64", "w": "float64"})
+    exe.arg_dict["x"][:] = X
+    exe.arg_dict["w"][:] = W
+    exe.forward(is_train=True)
+    exe.backward()
+    grads.append(np.concatenate([exe.grad_dict["x"].asnumpy().ravel(),
+                                 exe.grad_dict["w"].asnumpy().ravel()]))
+print(float(np.abs(grads[0] - grads[1]).max()))
+"""
+
+
+def largest_difference(cap: int, variant: str) -> float:
+    env = dict(os.environ, MXNET_EXEC_INPLACE_GRAD_SUM_CAP=str(cap), MXNET_MKLDNN_ENABLED="0")
+    done = subprocess.run([sys.executable, "-c", SCRIPT, variant], env=env, check=True,
+                          capture_output=True, text=True, timeout=120)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("cap, variant, right", [
+    (1000000, "plain", True),    # what import tofu_mx sets: one ElementWiseSum of 10 pieces
+    (8, "plain", False),         # MXNet's default: 10 pieces from 2 devices, added in place
+    (3, "copies", True),         # a copy per device: 5-piece chains on one device each
+    (2, "copies", False),        # ... but the copies' own 2 pieces, in place across devices
+])
+def test_in_place_gradient_sums_are_right_on_one_device_only(cap, variant, right):
+    difference = largest_difference(cap, variant)
+    assert (difference < 1e-12) == right, difference
