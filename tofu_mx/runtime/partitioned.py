@@ -360,6 +360,12 @@ class PartitionedSymbol:
         lines.append(f"operators per device (with the copies MXNet inserts): "
                      f"{', '.join(f'{n:,}' for n in self.operators_per_device())}; the graph "
                      f"partitioned has {original:,}")
+        if self.plan.unlowered:
+            shown = ", ".join(self.plan.unlowered[:3])
+            more = f" and {len(self.plan.unlowered) - 3} more" if len(self.plan.unlowered) > 3 \
+                else ""
+            lines.append(f"run as themselves, not lowered (split as they split): "
+                         f"{len(self.plan.unlowered)} operator(s): {shown}{more}")
         for name, why in list(self.fallbacks.items())[:10]:
             lines.append(f"  runs whole (fallback): {name}: {why}")
         lines.append("memory per device:")

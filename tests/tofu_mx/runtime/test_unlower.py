@@ -82,6 +82,8 @@ def test_the_plan_says_what_it_left_unlowered_and_loads_again():
     ptd = tofu_mx.partition(net(64), CTX, **WIDE)
     text = ptd.plan.to_json()
     assert json.loads(text)["unlowered"] == ["bn0", "bn1"]
+    assert "run as themselves, not lowered (split as they split): 2 operator(s): bn0, bn1" \
+        in ptd.report()
     again = Plan.from_json(text)
     assert again == ptd.plan
     whole = import_graph(net(64), **WIDE)
