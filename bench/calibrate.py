@@ -38,6 +38,7 @@ from nnvm_passes.placement import placed_group  # noqa: E402
 from tofu_mx import models, sim  # noqa: E402
 from tofu_mx.sim.schedule import BACKWARD_RATIO  # noqa: E402
 from tofu_mx.tdl.annotate import import_graph  # noqa: E402
+from benchlib import table, write_out  # noqa: E402
 
 REPEATS = 10
 
@@ -244,11 +245,6 @@ def with_measured_operators(machine: sim.Machine, graph, device_of) -> float:
     return max(sim.finish_times(step_tasks(graph, device_of, machine, op_seconds=timed)))
 
 
-def table(head, rows) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
-
-
 def main():
     machine, fitted = fit()
     print(table(["measured", "time", "fitted"], fitted), flush=True)
@@ -269,12 +265,7 @@ def main():
            "transfers' error.", "",
            f"## {label}, one device, by operator kind (ms per step)", "",
            table(["operator", "predicted", "measured alone"], per_op), ""]
-    os.makedirs(os.path.join(os.path.dirname(__file__), "out"), exist_ok=True)
-    path = os.path.join(os.path.dirname(__file__), "out", "calibration.md")
-    with open(path + ".tmp", "w") as f:
-        f.write("\n".join(out))
-    os.replace(path + ".tmp", path)
-    print("wrote", path)
+    print("wrote", write_out("calibration.md", "\n".join(out)))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchlib import table, write_out  # noqa: E402
+
 #: the models: (label, builder call, input shapes call), evaluated in the child process
 CASES = [
     ("WResNet-26-W2, batch 16, 64px", "models.wresnet(26, 2, 100)",
@@ -140,12 +142,9 @@ def main():
     head = ["model", "k", "one device, MiB", "MXNet's peak per device, MiB",
             "busiest / ideal (MXNet)", "busiest / ideal (accounted)",
             "MXNet / accounted (busiest)"]
-    text = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    text += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-    os.makedirs("bench/out", exist_ok=True)
-    with open("bench/out/memory_mxnet.md", "w") as f:
-        f.write("\n".join(text) + "\n")
-    print("\n".join(text))
+    text = table(head, rows)
+    write_out("memory_mxnet.md", text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,8 @@ import tofu_mx  # noqa: E402,F401  (sets MXNet's environment before MXNet is imp
 from tofu_mx import models, sim  # noqa: E402
 from tofu_mx.search import SearchOptions  # noqa: E402
 from tofu_mx.summary import format_bytes  # noqa: E402
+from benchlib import OUT, table, write_out  # noqa: E402
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 #: strategies in the order the tables show them
 SHOWN = ("ideal", "data_parallel", "swap", "placement", "tofu")
 ALTERNATIVES = ("data_parallel", "swap", "placement")
@@ -89,16 +89,13 @@ def run(model: Model, machine_name: str, strategies=SHOWN) -> tuple[Model, int, 
 
 def throughput_table(rows) -> list[str]:
     head = ["model", "weights"] + [f"{s}" for s in SHOWN[1:]] + ["tofu / best alternative"]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells = []
     for model, weights, results, _ in rows:
         ideal = results["ideal"].throughput
-        cells = [model.label, format_bytes(weights)]
-        for s in SHOWN[1:]:
-            r = results[s]
-            cells.append(f"{r.throughput / ideal:.2f}" if r.fits else "does not fit")
-        cells.append(_versus(results))
-        out.append("| " + " | ".join(cells) + " |")
-    return out
+        cells.append([model.label, format_bytes(weights)] +
+                     [f"{results[s].throughput / ideal:.2f}" if results[s].fits else
+                      "does not fit" for s in SHOWN[1:]] + [_versus(results)])
+    return table(head, cells).split("\n")
 
 
 def _versus(results) -> str:
@@ -112,15 +109,11 @@ def _versus(results) -> str:
 
 def memory_table(rows, machine) -> list[str]:
     head = ["model"] + list(SHOWN)
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for model, _, results, _ in rows:
-        cells = [model.label]
-        for s in SHOWN:
-            r = results[s]
-            mark = "" if r.fits or s == "ideal" else " (over)"
-            cells.append(format_bytes(max(r.peak_memory)) + mark)
-        out.append("| " + " | ".join(cells) + " |")
-    return out
+    cells = [[model.label] + [format_bytes(max(results[s].peak_memory)) +
+                              ("" if results[s].fits or s == "ideal" else " (over)")
+                              for s in SHOWN]
+             for model, _, results, _ in rows]
+    return table(head, cells).split("\n")
 
 
 def largest(rows, machine) -> list[str]:
@@ -287,26 +280,23 @@ def main() -> None:
             pass
     rows = [f.result() for f in futures]
     elapsed = time.perf_counter() - start
-    os.makedirs(OUT, exist_ok=True)
     if args.machines_only:
         run_alone = (f"`python bench/paper.py --machines-only`, {time.strftime('%Y-%m-%d')}, "
                      f"{elapsed:.0f} s on this machine (the two models' tofu plans only; the "
                      f"machine: {machine.source}).")
-        _write(os.path.join(OUT, "paper-machines.md"),
+        _write("paper-machines.md",
                "\n".join(machines_section(rows, machine, run_alone)) + "\n")
         return
     text = report(rows, machine, elapsed)
+    os.makedirs(OUT, exist_ok=True)
     plot(rows, machine, os.path.join(OUT, "paper-throughput.png"),
          os.path.join(OUT, "paper-memory.png"))
-    _write(os.path.join(OUT, "paper.md"), text)
+    _write("paper.md", text)
 
 
-def _write(path: str, text: str) -> None:
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+def _write(name: str, text: str) -> None:
     print(text)
-    print("wrote", path)
+    print("wrote", write_out(name, text))
 
 
 def machines_section(rows, machine, run: str = "") -> list[str]:

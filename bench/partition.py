@@ -44,6 +44,7 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tofu_mx  # noqa: E402
+from benchlib import table, write_out  # noqa: E402
 from nnvm_passes.importer import import_symbol  # noqa: E402
 from tofu_mx import models  # noqa: E402
 from tofu_mx.runtime.partitioned import apply_plan  # noqa: E402
@@ -207,12 +208,6 @@ def order_rows(cases, repeats: int):
     return rows
 
 
-def table(head, rows):
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-    return "\n".join(out)
-
-
 def main():
     quick = "--quick" in sys.argv
     bound_cases = [
@@ -259,9 +254,7 @@ def main():
             "## (d) memory order: the same plan without and with Tofu's control dependencies",
             "", table(["model", "k", "MXNet planned MB", "planned MB, ordered",
                        "step time ordered / plain (cpu(0..k-1))"], order)]
-    os.makedirs("bench/out", exist_ok=True)
-    with open("bench/out/partition.md", "w") as f:
-        f.write("\n".join(text) + "\n")
+    write_out("partition.md", "\n".join(text) + "\n")
     print("\n".join(text))
 
 

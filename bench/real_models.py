@@ -8,12 +8,12 @@ kept in bench/results/real_models.md). Wall-clock seconds, one run each, on CPU 
 partition at the given batch in float32, then ``ptd.check()`` (a copy at twice the devices'
 batch, float64, verified against one device).
 """
-import os
 import sys
 import time
 import warnings
 
 import tofu_mx  # noqa: F401  (sets MXNet's environment before MXNet is imported)
+from benchlib import write_out
 import mxnet as mx
 
 MODELS = [  # (name, zoo, keyword arguments, input shape)
@@ -59,9 +59,7 @@ def main():
                         f"tensors |")
             print(rows[-1], flush=True)
     text = "\n".join(rows) + "\n"
-    os.makedirs(os.path.join(os.path.dirname(__file__), "out"), exist_ok=True)
-    with open(os.path.join(os.path.dirname(__file__), "out", "real_models.md"), "w") as f:
-        f.write(text)
+    write_out("real_models.md", text)
     print(text)
 
 

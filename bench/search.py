@@ -32,6 +32,7 @@ import mxnet as mx  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from nnvm_passes import import_symbol  # noqa: E402
+from benchlib import table, write_out  # noqa: E402
 from synthetic import synthetic  # noqa: E402
 from tofu_mx import models  # noqa: E402
 from tofu_mx.search.baselines import POLICIES, baseline_plan  # noqa: E402
@@ -61,12 +62,6 @@ def paper_models(quick):
     if not quick:
         yield ("Transformer-24x2048", models.transformer(24, 2048, 32, 128, 30000),
                models.input_shapes("transformer", 48, seq_len=128))
-
-
-def table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def peak_resident() -> str:
@@ -304,9 +299,7 @@ def main():
 
 def write(out: list[str]) -> None:
     print(out[-1], flush=True)
-    os.makedirs(os.path.join(os.path.dirname(__file__), "out"), exist_ok=True)
-    with open(os.path.join(os.path.dirname(__file__), "out", "search.md"), "w") as f:
-        f.write("\n\n".join(out) + "\n")
+    write_out("search.md", "\n\n".join(out) + "\n")
 
 
 if __name__ == "__main__":
