@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Container, Mapping
 
 import mxnet as mx
 import numpy as np
@@ -68,6 +68,16 @@ class Emitter:
 
 
 Hook = Callable[..., "tuple[Ref, ...] | None"]
+
+
+def lowered_from(name: str, names: Container[str]) -> str | None:
+    """The operator among ``names`` whose lowering emitted the node ``name`` (the
+    :class:`Emitter` names it ``<operator>/<part>``): ``name`` itself where it is one of
+    ``names``; None where it comes from none of them."""
+    base = name
+    while base not in names and "/" in base:
+        base = base.rsplit("/", 1)[0]
+    return base if base in names else None
 
 
 def _claim(names: set[str], base: str, suffix: str) -> str:

@@ -145,7 +145,7 @@ class Picture:
 
 
 # --- traffic: what the Program runs and what crosses devices -------------------------------
-def _clip(box: Box, shape: Sequence[int]) -> Box:
+def clip(box: Box, shape: Sequence[int]) -> Box:
     """The part of ``box`` inside the tensor (beyond it is padding, made where it is read)."""
     return intersect(box, tuple((0, n - 1) for n in shape))
 
@@ -259,7 +259,7 @@ def _edges(graph: Graph, traffic: Traffic, owner: dict[int, str], coarsen: bool)
         source = graph.nodes[entry.node]
         shape = source.outputs[entry.index].shape
         conversion = (_layout(list(traffic.cells[(entry.node, entry.index)]), shape),
-                      _layout([_clip(b, shape) for b in boxes], shape))
+                      _layout([clip(b, shape) for b in boxes], shape))
         moved = traffic.accounts.get(("read", i, j), 0)
         tail, head = owner[entry.node], owner[i]
         if coarsen and source.is_variable:

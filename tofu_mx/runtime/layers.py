@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from nnvm_passes.ir import Graph
+from nnvm_passes.lower import lowered_from
 from tofu_mx.summary import format_bytes
 
 if TYPE_CHECKING:
@@ -123,20 +123,25 @@ def layers(ptd: PartitionedSymbol) -> LayerView:
     strategies = {o.name: o.strategies for o in ptd.plan.ops}
     fallbacks = ptd.fallbacks
     k = len(ptd.contexts)
+    moved: dict[int, int] = {}          # operator -> bytes read into it or combined for it
+    outputs = 0                         # bytes gathering the outputs on device 0
+    for key, nbytes in moves.accounts.items():
+        if key[0] == "output":
+            outputs += nbytes
+        else:
+            moved[key[1]] = moved.get(key[1], 0) + nbytes
+    consumers = graph.consumers()
     rows = []
     for name, (op, group) in members.items():
-        group_set = set(group)
-        moved = sum(b for key, b in moves.accounts.items()
-                    if key[0] in ("read", "combine") and key[1] in group_set)
         rows.append(Layer(
-            name, op, len(group), _held(graph, ptd, _output_of(graph, group_set)),
+            name, op, len(group), _held(graph, ptd, _output_of(graph, consumers, group)),
             _held(graph, ptd, _weight_of(graph, group)),
             any(s.kind == "reduce" for m in group
                 for s in strategies.get(graph.nodes[m].name, ())),
-            moved, tuple(sorted({d for m in group for d in moves.instances.get(m, ())})),
+            sum(moved.get(m, 0) for m in group),
+            tuple(sorted({d for m in group for d in moves.instances.get(m, ())})),
             "; ".join(f"{graph.nodes[m].name}: {fallbacks[graph.nodes[m].name]}"
                       for m in group if graph.nodes[m].name in fallbacks)))
-    outputs = sum(b for key, b in moves.accounts.items() if key[0] == "output")
     cuts = tuple((level.parts, level.bytes) for level in ptd.plan.levels)
     return LayerView(tuple(rows), _common_prefix([r.name for r in rows]), k,
                      tuple(str(c) for c in ptd.contexts), outputs, ptd.plan.total_bytes,
@@ -156,22 +161,22 @@ def _members(graph: Graph, user: dict[str, str]) -> dict[str, tuple[str, list[in
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
             continue
-        name = node.name
-        while name not in user and "/" in name:
-            name = name.rsplit("/", 1)[0]
-        op = user.get(name, node.op)
-        found.setdefault(name if name in user else node.name, (op, []))[1].append(i)
+        name = lowered_from(node.name, user) or node.name
+        found.setdefault(name, (user.get(name, node.op), []))[1].append(i)
     return found
 
 
-def _output_of(graph: Graph, group: set[int]) -> tuple[int, int] | None:
-    """The group's output: the largest tensor it makes that others (or the heads) read."""
-    read = {(e.node, e.index) for i, n in enumerate(graph.nodes) if i not in group
-            for e in n.inputs if e.node in group}
-    read |= {(e.node, e.index) for e in graph.heads if e.node in group}
+def _output_of(graph: Graph, consumers: dict[int, list[tuple[int, int]]],
+               group: Sequence[int]) -> tuple[int, int] | None:
+    """The group's output: the largest tensor it makes that others (or the heads) read
+    (``consumers``: :meth:`Graph.consumers`)."""
+    inside = set(group)
+    read = {(m, graph.nodes[c].inputs[p].index) for m in group for c, p in consumers[m]
+            if c not in inside}
+    read |= {(e.node, e.index) for e in graph.heads if e.node in inside}
     if not read:
         return (max(group), 0)
-    return max(sorted(read), key=lambda t: _numel(graph.nodes[t[0]].outputs[t[1]].shape))
+    return max(sorted(read), key=lambda t: graph.nodes[t[0]].outputs[t[1]].size)
 
 
 def _weight_of(graph: Graph, group: Sequence[int]) -> tuple[int, int] | None:
@@ -179,7 +184,7 @@ def _weight_of(graph: Graph, group: Sequence[int]) -> tuple[int, int] | None:
               if graph.nodes[e.node].is_variable and graph.nodes[e.node].kind == "param"}
     if not params:
         return None
-    return (max(sorted(params), key=lambda v: _numel(graph.nodes[v].outputs[0].shape)), 0)
+    return (max(sorted(params), key=lambda v: graph.nodes[v].outputs[0].size), 0)
 
 
 def _held(graph: Graph, ptd: PartitionedSymbol, tensor: tuple[int, int] | None) -> Held | None:
@@ -187,18 +192,11 @@ def _held(graph: Graph, ptd: PartitionedSymbol, tensor: tuple[int, int] | None) 
         return None
     node = graph.nodes[tensor[0]]
     shape = tuple(node.outputs[tensor[1]].shape)
+    from tofu_mx.runtime.draw import clip
     parts: dict[Box, list[int]] = {}
     for d, box in enumerate(ptd.assignment.stored[tensor]):
-        clipped = tuple((max(lo, 0), min(hi, n - 1)) for (lo, hi), n in zip(box, shape))
-        parts.setdefault(clipped, []).append(d)
+        parts.setdefault(clip(box, shape), []).append(d)
     return Held(node.name, shape, tuple((b, tuple(d)) for b, d in parts.items()))
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _common_prefix(names: Sequence[str]) -> str:

@@ -33,6 +33,7 @@ import dataclasses
 from typing import Sequence
 
 from nnvm_passes.ir import Graph
+from nnvm_passes.lower import lowered_from
 from nnvm_passes.program import Program, route
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.search.cut import View, op_strategies
@@ -51,9 +52,8 @@ def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment
     groups = lowered_groups(whole, graph)
     if not groups:
         return graph, plan, assignment, None
-    where = _Entries(whole, graph)
+    where, found = _Entries(whole, graph, plan), {}
     view = View.of(whole)
-    found = {}
     for name, members in groups.items():
         strategies = _as_operator(whole, view, graph, plan, where, name, members)
         if strategies is not None:
@@ -86,12 +86,8 @@ def lowered_groups(whole: Graph, graph: Graph) -> dict[str, list[int]]:
     present = {n.name for n in graph.operators()}
     groups: dict[str, list[int]] = {}
     for i, node in enumerate(graph.nodes):
-        if node.is_variable or node.name in names:
-            continue
-        base = node.name
-        while base not in names and "/" in base:
-            base = base.rsplit("/", 1)[0]
-        if base in names and base not in present:
+        base = None if node.is_variable else lowered_from(node.name, names)
+        if base is not None and base not in present:
             groups.setdefault(base, []).append(i)
     return groups
 
@@ -101,14 +97,13 @@ def _as_operator(whole: Graph, view: View, graph: Graph, plan: Plan, where: "_En
     """Per cut, the strategy of ``whole``'s operator ``name`` (a
     :class:`~tofu_mx.tdl.analysis.Strategy`) storing its output 0 as ``plan`` stores its
     lowering's, or None if it has none at some cut or its lowering reduces or runs whole."""
-    ops = {o.name: o for o in plan.ops}
     if any(s.kind in ("reduce", "whole") for m in members
-           for s in ops[graph.nodes[m].name].strategies):
+           for s in where.ops[graph.nodes[m].name].strategies):
         return None
     entry = where.of(name, 0)
     if entry is None:
         return None
-    layouts = plan.tensor(f"{graph.nodes[entry[0]].name}:{entry[1]}").layouts
+    layouts = where.tensors[f"{graph.nodes[entry[0]].name}:{entry[1]}"].layouts
     chosen = []
     for layout, parts in zip(layouts, plan.factors):
         strategies = op_strategies(whole, where.whole_index[name], view, parts)
@@ -129,9 +124,12 @@ def _stores(strategy, layout: StoredLayout) -> bool:
 
 
 class _Entries:
-    """Where ``graph`` (``whole`` lowered) holds each output of ``whole``'s operators."""
+    """Where ``graph`` (``whole`` lowered) holds each output of ``whole``'s operators, and
+    ``plan``'s tensors and operators by name."""
 
-    def __init__(self, whole: Graph, graph: Graph):
+    def __init__(self, whole: Graph, graph: Graph, plan: Plan):
+        self.tensors = {t.name: t for t in plan.tensors}
+        self.ops = {o.name: o for o in plan.ops}
         self.whole_index = {n.name: i for i, n in enumerate(whole.nodes)}
         at = {n.name: i for i, n in enumerate(graph.nodes)}
         self._entries: dict[tuple[int, int], tuple[int, int]] = {}
@@ -153,8 +151,7 @@ class _Entries:
 def _translated(plan: Plan, graph: Graph, kept: Graph, where: _Entries, found: dict) -> Plan:
     """``plan`` for ``kept`` (the graph lowered except ``found``'s operators, each given its
     strategy per cut)."""
-    tensors = {t.name: t for t in plan.tensors}
-    ops = {o.name: o for o in plan.ops}
+    tensors, ops = where.tensors, where.ops
     new_tensors, new_ops = [], []
     for node in kept.nodes:
         if node.is_variable:
