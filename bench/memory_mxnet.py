@@ -10,10 +10,8 @@ counters start empty):
   before ``simple_bind`` to the end of one forward + backward pass, so the peak of each
   device's counter is what that device held at once: arguments, gradients, aux states, the
   executor's planned buffers (activations, conversions, copies) and temporary workspace.
-- **ideal**: the same peak of the unpartitioned graph on one device, divided by k, as MXNet
-  runs it without tofu_mx: ``import tofu_mx`` raises ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP``
-  (MXNet's in-place gradient sums are wrong across devices), which makes MXNet keep every
-  gradient piece until one ``ElementWiseSum``; the single-device run has MXNet's default, 8.
+- **ideal**: the same peak of the unpartitioned graph on one device, divided by k (MXNet's
+  gradient-sum cap at its default, 8, in both: ``import tofu_mx`` leaves it alone).
 - **accounted**: :meth:`PartitionedSymbol.memory_per_device` (weights, gradients, aux,
   inputs, kept activations; not conversions, copies or workspace), the busiest device.
 
@@ -82,10 +80,6 @@ print(json.dumps({{"accounted": accounted}}))
 """
 
 
-#: MXNet 1.9.1's default MXNET_EXEC_INPLACE_GRAD_SUM_CAP (src/executor/graph_executor.cc)
-MXNET_GRAD_SUM_CAP = 8
-
-
 def peaks(trace: str) -> dict[str, int]:
     """Each device's peak of MXNet's storage counter, in bytes, by the profiler's name."""
     with open(trace) as f:
@@ -113,8 +107,7 @@ def measure(model: str, shapes: str, k: int) -> tuple[list[int], list[int] | Non
         code = CHILD.format(model=model, shapes=shapes)
         env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(
             os.path.abspath(__file__))))
-        if not k:       # one device, as MXNet runs it without tofu_mx's setting
-            env["MXNET_EXEC_INPLACE_GRAD_SUM_CAP"] = str(MXNET_GRAD_SUM_CAP)
+        env.pop("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", None)     # MXNet's default in both
         done = subprocess.run([sys.executable, "-c", code, str(k), trace], env=env,
                               capture_output=True, text=True, check=True)
         accounted = json.loads(done.stdout.strip().splitlines()[-1])["accounted"]

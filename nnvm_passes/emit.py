@@ -16,6 +16,7 @@ CONCAT     ``Concat``
 COMBINE    ``add_n``, or a chain of ``_maximum`` / ``_minimum``
 SEND       ``_copy`` on the holder
 PLACE      ``_copy`` on the device
+RELAY      ``_copy`` on the device
 RERUN      ``_copy`` marked to run again in the backward pass (kernels such as Convolution
            refuse to run with nothing to write), then an unmarked ``_copy`` (so that readers
            run again read what the forward pass kept there, not the share run once more)
@@ -27,7 +28,8 @@ ADD        ``broadcast_add``
 =========  ==============================================================================
 
 A step marked ``again`` sets ``__force_mirroring__`` (MXNet's gradient pass then builds it
-again in the backward pass). MXNet inserts ``_CrossDeviceCopy`` between groups. Names are
+again in the backward pass). No two nodes are alike (:data:`DISTINCT`), so MXNet runs each
+step, and each value has the readers the Program gives it. MXNet inserts ``_CrossDeviceCopy`` between groups. Names are
 made unique in the order the steps come (``name#2``, ...).
 """
 from __future__ import annotations
@@ -44,10 +46,17 @@ from tofu_mx.devices import group_name
 #: how emitted nodes are counted in :attr:`RewriteResult.counts`, by step kind
 ROLES = {StepKind.SHARE: "operator", StepKind.SLICE: "split", StepKind.SPLIT: "split",
          StepKind.STACK: "concat", StepKind.CONCAT: "concat", StepKind.COMBINE: "combine",
-         StepKind.SEND: "send", StepKind.PLACE: "send", StepKind.RERUN: "rerun",
+         StepKind.SEND: "send", StepKind.PLACE: "send", StepKind.RELAY: "relay",
+         StepKind.RERUN: "rerun",
          StepKind.PAD: "pad", StepKind.SCALE: "scale", StepKind.ZERO: "keep",
          StepKind.TOTAL: "keep", StepKind.ADD: "keep"}
 _COMBINE_OPS = {Combine.MAX: "_maximum", Combine.MIN: "_minimum"}
+#: the attribute telling apart nodes that would be alike (one operator, inputs and
+#: attributes: the SENDs of one value to each reading device, the RELAYs of one value on one
+#: device): MXNet's common-expression elimination (MXNET_ELIMINATE_COMMON_EXPR, on by
+#: default) would make them one node, read by all their readers, which is what the RELAYs
+#: are there to prevent (:func:`nnvm_passes.program.bounded_reads`)
+DISTINCT = "__tofu_distinct__"
 
 
 @dataclass
@@ -66,6 +75,7 @@ class _Emit:
         self.made: list[int] = []          # step -> the node giving its outputs
         self.shares: dict[int, list[int]] = {}   # graph operator -> its shares' nodes
         self.shards: list[VarShard] = []         # the variables, as named
+        self.alike: dict[tuple, int] = {}         # nodes emitted, by operator, inputs, attributes
 
     def _name(self, base: str) -> str:
         name, n = base, 1
@@ -86,6 +96,11 @@ class _Emit:
             attrs["__ctx_group__"] = group_name(step.device)
         if step.again if again is None else again:
             attrs[MIRROR] = "True"
+        key = (op, tuple(inputs), tuple(sorted(attrs.items())))
+        alike = self.alike.get(key, 0)
+        self.alike[key] = alike + 1
+        if alike:
+            attrs[DISTINCT] = str(alike)
         self.nodes.append({"op": op, "name": self._name(base), "attrs": attrs,
                            "inputs": [[n, i, 0] for n, i in inputs]})
         if counted and step.kind in ROLES:
@@ -130,7 +145,7 @@ class _Emit:
                 acc = (self.add(_COMBINE_OPS[step.combine], step.name, {}, [acc, other], step),
                        0)
             return acc[0]
-        if kind in (StepKind.SEND, StepKind.PLACE):
+        if kind in (StepKind.SEND, StepKind.PLACE, StepKind.RELAY):
             return self.add("_copy", derived, {}, ins, step)
         if kind is StepKind.RERUN:
             j = step.inputs[0].output

@@ -37,8 +37,10 @@ original's outputs and shapes. Every step records what it was built for (an
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -71,6 +73,7 @@ class StepKind(enum.Enum):
     ZERO = "zero"            # an exact zero (as ``dtype``) that reads a variable's box
     TOTAL = "total"          # the sum of zeros, shaped ``(1,) * len(shape)``
     ADD = "add"              # input 0 plus input 1 (broadcast)
+    RELAY = "relay"          # a copy on this device read by some of a value's readers
 
 
 class Combine(enum.Enum):
@@ -607,14 +610,159 @@ class _Route:
         return heads
 
 
-def route(graph: Graph, assignment: Any) -> Program:
-    """The :class:`Program` of ``assignment`` over ``graph`` (see the module docstring)."""
+def route(graph: Graph, assignment: Any, cap: int | None = None) -> Program:
+    """The :class:`Program` of ``assignment`` over ``graph`` (see the module docstring),
+    each value read fewer than ``cap`` times (:func:`bounded_reads`; ``cap``: MXNet's,
+    :func:`inplace_sum_cap`, by default)."""
     # routing recurses from the outputs to the inputs, a few frames per operator: a deep
     # network (WResNet-152: about a thousand operators in a chain) needs more than Python's
     # default limit of 1,000 frames
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 10 * len(graph.nodes) + 1000))
     try:
-        return _Route(graph, assignment).run()
+        program = _Route(graph, assignment).run()
     finally:
         sys.setrecursionlimit(limit)
+    cap = inplace_sum_cap() if cap is None else cap
+    if cap < 3:
+        raise TofuError(f"MXNET_EXEC_INPLACE_GRAD_SUM_CAP={cap}: MXNet then adds even two "
+                        f"gradient pieces in place, which is wrong across devices; a "
+                        f"partitioned graph needs 3 or more (unset it for MXNet's default, 8)")
+    return bounded_reads(program, cap)
+
+
+#: MXNet 1.9.1's MXNET_EXEC_INPLACE_GRAD_SUM_CAP when the variable is not set
+#: (src/executor/graph_executor.cc, AggregateGradient)
+DEFAULT_INPLACE_SUM_CAP = 8
+
+
+def inplace_sum_cap() -> int:
+    """The number of gradient pieces from which MXNet sums them with a chain of in-place
+    adds instead of one ``ElementWiseSum``: ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP`` as MXNet
+    reads it (its default where unset or not a number; MXNet reads it once per process, at
+    its first gradient graph)."""
+    value = os.environ.get("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_INPLACE_SUM_CAP
+
+
+def bounded_reads(program: Program, cap: int) -> Program:
+    """``program`` with every value read fewer than ``cap`` times, through
+    :attr:`StepKind.RELAY` copies where it is read more.
+
+    MXNet sums a value's gradient pieces (one per read, and the head gradient of an output)
+    with one ``ElementWiseSum`` below ``cap`` pieces, and from ``cap`` on with a chain of
+    in-place adds, each ordered after the last by a control dependency. Where the pieces
+    come from several devices, or pass through a copy from another (``_copy`` hands its
+    output's gradient to its input), that chain gives a wrong sum, silently (pinned in
+    tests/nnvm_passes/test_gradient_sums.py). So a value read ``cap`` times or more is read
+    through a tree of relays, each read fewer than ``cap`` times: the readers on each device
+    through relays there, one per device reading the value (or a relay of it) from its
+    device, so the bytes crossing devices do not change; the readers of one relay are
+    summed by one ``ElementWiseSum``. A relay is ``_copy``, which MXNet's memory planner
+    lets share its input's storage (``FInplaceIdentity``): it costs an operator, no
+    memory. With MXNet's default cap (8) it touches only values read 8 times or more (an
+    unrolled RNN's weights, a split read on many devices), and MXNet's in-place sums stay
+    on for every graph that is not partitioned."""
+    steps = program.steps
+    room = cap - 1                  # reads a value may have
+    uses: dict[Ref, list[tuple[int, int]]] = {}
+    for s, step in enumerate(steps):
+        for pos, ref in enumerate(step.inputs):
+            uses.setdefault(ref, []).append((s, pos))
+    heads: dict[Ref, int] = {}
+    for ref in program.heads:
+        heads[ref] = heads.get(ref, 0) + 1
+    trees = {ref: _tree(readers, steps, ref, room, heads.get(ref, 0))
+             for ref, readers in uses.items() if len(readers) + heads.get(ref, 0) > room}
+    if not trees:
+        return program
+    moved = {read: (ref, r) for ref, tree in trees.items()
+             for r, relay in enumerate(tree) for read in relay.reads}
+    new: list[Step] = []
+    at: list[int] = []                          # old step -> new step
+    made: dict[tuple[Ref, int], Ref] = {}       # (old ref, relay) -> the relay's step (new)
+    for s, step in enumerate(steps):
+        inputs = tuple(made[moved[s, pos]] if (s, pos) in moved
+                       else Ref(at[r.step], r.output) for pos, r in enumerate(step.inputs))
+        new.append(dataclasses.replace(step, inputs=inputs) if inputs != step.inputs
+                   else step)
+        at.append(len(new) - 1)
+        for output in range(len(step.outputs)):
+            ref = Ref(s, output)
+            for r, relay in enumerate(trees.get(ref, ())):
+                t, pos = min(relay.below)
+                account = Account(Purpose.READ, steps[t].node, steps[t].reads[pos]) \
+                    if steps[t].kind is StepKind.SHARE else steps[t].account
+                source = Ref(at[s], output) if relay.parent < 0 else made[ref, relay.parent]
+                new.append(Step(StepKind.RELAY, relay.device, (source,), (step.outputs[output],),
+                                account, f"@relay{r}",
+                                again=all(steps[t].again for t, _ in relay.below)))
+                made[ref, r] = Ref(len(new) - 1)
+    return Program(tuple(new), tuple(Ref(at[r.step], r.output) for r in program.heads),
+                   program.num_devices, program.placement)
+
+
+@dataclass
+class _Relay:
+    device: int
+    children: list                  # ("read", (step, position)) or ("relay", index)
+    parent: int = -1                # a relay's index, or -1: reads the value
+    reads: tuple = ()               # the reads it gives (its children's)
+    below: tuple = ()               # every read under it
+
+
+def _tree(readers: list[tuple[int, int]], steps, ref: Ref, room: int, heads: int
+          ) -> list[_Relay]:
+    """The relays of one value read by ``readers`` (and by ``heads`` outputs), parents
+    first, each reading its parent or the value, none read more than ``room`` times."""
+    relays: list[_Relay] = []
+    src = steps[ref.step].device
+    by_device: dict[int, list] = {}
+    for read in readers:
+        by_device.setdefault(steps[read[0]].device, []).append(("read", read))
+    top = by_device.pop(src, [])
+    for d, items in sorted(by_device.items()):
+        items = _fan(relays, items, d, room, room)
+        top += items if len(items) == 1 else [_relay(relays, items, d)]
+    _fan(relays, top, src, room - heads, room)
+    # parents first, renumbered
+    depth = []
+    for relay in relays:
+        n, p = 0, relay.parent
+        while p >= 0:
+            n, p = n + 1, relays[p].parent
+        depth.append(n)
+    order = sorted(range(len(relays)), key=lambda i: (depth[i], i))
+    index = {old: new for new, old in enumerate(order)}
+    out = []
+    for i in order:
+        relay = relays[i]
+        out.append(_Relay(relay.device, [], index.get(relay.parent, -1),
+                          tuple(x[1] for x in relay.children if x[0] == "read"),
+                          tuple(sorted(_below(relays, i)))))
+    return out
+
+
+def _below(relays: list[_Relay], i: int) -> list[tuple[int, int]]:
+    out = []
+    for kind, x in relays[i].children:
+        out.extend([x] if kind == "read" else _below(relays, x))
+    return out
+
+
+def _relay(relays: list[_Relay], children: list, device: int) -> tuple:
+    relays.append(_Relay(device, children))
+    for kind, x in children:
+        if kind == "relay":
+            relays[x].parent = len(relays) - 1
+    return ("relay", len(relays) - 1)
+
+
+def _fan(relays: list[_Relay], items: list, device: int, keep: int, limit: int) -> list:
+    """``items`` (reads, relays) of one value grouped under new relays on ``device``, each
+    of at most ``limit`` (2 or more), until at most ``keep`` are left."""
+    keep = max(keep, 1)
+    while len(items) > keep:
+        take = min(max(len(items) - keep + 1, 2), limit)
+        items = [_relay(relays, items[:take], device)] + items[take:]
+    return items

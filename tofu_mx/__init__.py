@@ -41,11 +41,6 @@ _os.environ.setdefault("MXNET_MKLDNN_ENABLED", "0")
 # failed: in_data.size() == num_inputs"). Turning MKLDNN's RNN off with it keeps them running.
 if _os.environ["MXNET_MKLDNN_ENABLED"] == "0":
     _os.environ.setdefault("MXNET_USE_MKLDNN_RNN", "0")
-# MXNet sums the gradients of an output read by more than MXNET_EXEC_INPLACE_GRAD_SUM_CAP
-# (default 8) operators with a chain of in-place adds; when those readers sit on different
-# devices the sum comes out wrong (measured: a BatchNorm read on 8 CPU devices gave wrong
-# data gradients). A large cap makes MXNet use one ElementWiseSum instead.
-_os.environ.setdefault("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", "1000000")
 # With MKLDNN off, MXNet logs a "storage fallback" warning per operator; they are harmless.
 _os.environ.setdefault("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", "0")
 # MXNet logs "Subgraph backend MKLDNN is activated" at every bind (47-103 lines in a short

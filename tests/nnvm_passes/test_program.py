@@ -1,13 +1,19 @@
 """route() on hand-built assignments: the steps each device runs, the moves between them and
 their bytes; emit() of those programs runs in MXNet and computes the unpartitioned result.
 (Whole-model equivalence of route + emit is tested everywhere partition() is.)"""
+import dataclasses
+import json
+
 import mxnet as mx
 import numpy as np
+import pytest
 
 from nnvm_passes.emit import emit
 from nnvm_passes.exporter import symbol_from_json
 from nnvm_passes.ir import FrozenDict
-from nnvm_passes.program import Account, Combine, Purpose, Ref, StepKind, route
+from nnvm_passes.program import (Account, Combine, Held, Program, Purpose, Ref, Step,
+                                 StepKind, VarShard, bounded_reads, inplace_sum_cap, route)
+from tofu_mx.errors import TofuError
 from tofu_mx.runtime.assign import Assignment, OpAssignment, Share
 from tofu_mx.tdl.annotate import import_graph
 
@@ -113,3 +119,110 @@ def test_a_program_and_its_graph_are_the_same_whatever_the_order_asked():
 def test_routing_is_deterministic():
     """The same graph and assignment give the same program, step for step."""
     assert fc_program()[1] == fc_program()[1]
+
+
+def fan_program(readers_per_device, k=2):
+    """``v = FullyConnected(x, w)`` on device 0, read by ``tanh`` shares on every device
+    (``readers_per_device[d]`` of them on device d), summed on device 0 into a loss: a
+    value read many times, on several devices, as an unrolled RNN's weights are."""
+    f64 = "float64"
+    x = Held(None, (4, 5), f64)
+    w = Held(None, (6, 5), f64)
+    v = Held(None, (4, 6), f64)
+    steps = [Step(StepKind.VARIABLE, 0, (), (x,), None, "x", node=0, shard=VarShard(
+                 "x", "x", "data", 0, ((0, 3), (0, 4)), f64)),
+             Step(StepKind.VARIABLE, 0, (), (w,), None, "w", node=1, shard=VarShard(
+                 "w", "w", "param", 0, ((0, 5), (0, 4)), f64)),
+             Step(StepKind.SHARE, 0, (Ref(0), Ref(1)), (v,), None, "v", node=2,
+                  op="FullyConnected", attrs=FrozenDict(num_hidden="6", no_bias="True"),
+                  reads=(0, 1))]
+    outs = []
+    for d, n in enumerate(readers_per_device):
+        for j in range(n):
+            steps.append(Step(StepKind.SHARE, d, (Ref(2),), (v,), None, f"t{d}_{j}",
+                              node=3 + len(outs), op="tanh", reads=(0,)))
+            outs.append(Ref(len(steps) - 1))
+    node = 3 + len(outs)
+    steps.append(Step(StepKind.SHARE, 0, tuple(outs), (v,), None, "total", node=node,
+                      op="add_n", attrs=FrozenDict(num_args=str(len(outs))),
+                      reads=tuple(range(len(outs)))))
+    steps.append(Step(StepKind.SHARE, 0, (Ref(len(steps) - 1),), (v,), None, "loss",
+                      node=node + 1, op="MakeLoss", reads=(0,)))
+    return Program(tuple(steps), (Ref(len(steps) - 1),), k, {})
+
+
+def gradients(program, k):
+    result = emit(program)
+    sym = symbol_from_json(result.json)
+    rng = np.random.RandomState(0)
+    arrays = {"x": rng.randn(4, 5), "w": rng.randn(6, 5)}
+    args = {s.name: mx.nd.array(arrays[s.source], dtype="float64", ctx=mx.cpu(s.device))
+            for s in result.shards}
+    grads = {name: mx.nd.zeros_like(a) for name, a in args.items()}
+    exe = sym.bind(mx.cpu(0), args, args_grad=grads,
+                   group2ctx={f"dev{d}": mx.cpu(d) for d in range(k)})
+    exe.forward(is_train=True)
+    exe.backward()
+    return {name: g.asnumpy() for name, g in grads.items()}
+
+
+def reads(program):
+    count = {}
+    for step in program.steps:
+        for ref in step.inputs:
+            count[ref] = count.get(ref, 0) + 1
+    for ref in program.heads:
+        count[ref] = count.get(ref, 0) + 1
+    return count
+
+
+@pytest.mark.parametrize("readers", [(10, 10), (0, 20), (3, 9, 9), (1, 8, 1, 8, 1, 8, 1, 8, 1)])
+def test_a_value_read_many_times_is_read_through_relays_and_its_gradient_is_right(readers):
+    """MXNet adds 8 or more gradient pieces with a chain of in-place adds, wrong when they
+    come from several devices (test_gradient_sums.py): every value is read fewer than
+    MXNet's cap times, the bytes crossing devices do not change, and the gradients are the
+    one-device ones under the cap this process runs with."""
+    k, cap = len(readers), inplace_sum_cap()
+    program = fan_program(readers, k)
+    bounded = bounded_reads(program, cap)
+    assert max(reads(program).values()) >= cap > max(reads(bounded).values())
+    relays = [s for s in bounded.steps if s.kind is StepKind.RELAY]
+    assert relays and len(bounded.steps) == len(program.steps) + len(relays)
+    # every share reads what it read, through relays on its own device or one per device
+    crossed = sorted((c.source, c.device, c.nbytes) for c in program.crossings())
+    assert sorted((c.source, c.device, c.nbytes) for c in bounded.crossings()) == crossed
+    assert [s for s in bounded.steps if s.kind is not StepKind.RELAY] == [
+        dataclasses.replace(s, inputs=s2.inputs) for s, s2 in zip(
+            program.steps, [s for s in bounded.steps if s.kind is not StepKind.RELAY])]
+    one = dataclasses.replace(program, steps=tuple(dataclasses.replace(s, device=0)
+                                                   for s in program.steps), num_devices=1)
+    want, got = gradients(one, 1), gradients(bounded, k)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert np.allclose(got[name], want[name], rtol=1e-12, atol=1e-12), name
+
+
+def test_copies_of_one_value_on_one_device_stay_apart_in_mxnet():
+    """MXNet's common-expression elimination merges nodes of one operator, inputs and
+    attributes: the relays (and the SENDs to each device) are told apart by an attribute,
+    or MXNet would make them one node read by all their readers again."""
+    result = emit(bounded_reads(fan_program((0, 20, 20), 3), 8))
+    seen = set()
+    for node in result.json["nodes"]:
+        if node["op"] != "null":
+            key = (node["op"], json.dumps(node["inputs"]), json.dumps(node["attrs"],
+                                                                        sort_keys=True))
+            assert key not in seen, node["name"]
+            seen.add(key)
+
+
+def test_a_value_read_below_the_cap_is_left_alone_and_a_cap_below_3_is_refused():
+    program = fan_program((3, 3))
+    assert bounded_reads(program, 8) is program
+    graph, _ = relu_program()
+    shares = tuple(Share(FrozenDict(), (box,), (None,), (box,), None, (0,))
+                   for box in (ROWS0, ROWS1))
+    assignment = Assignment(2, {1: OpAssignment(shares)},
+                            {(0, 0): (ROWS0, ROWS1), (1, 0): (ROWS0, ROWS1)})
+    with pytest.raises(TofuError, match="MXNET_EXEC_INPLACE_GRAD_SUM_CAP=2.*3 or more"):
+        route(graph, assignment, cap=2)

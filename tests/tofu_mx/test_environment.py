@@ -82,3 +82,16 @@ def test_mxnets_per_bind_subgraph_log_is_quiet_unless_asked_for(verbose, shown):
                           env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert ("Subgraph backend" in done.stderr) is shown
+
+
+def test_import_leaves_mxnets_gradient_sums_as_they_are():
+    """``import tofu_mx`` once raised MXNET_EXEC_INPLACE_GRAD_SUM_CAP for the whole process
+    (which cost the user's own graphs memory: in-place gradient sums off); partitioned graphs
+    now read no value that often (``bounded_reads``), and the variable is the user's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MXNET_")}
+    script = ("import os, tofu_mx; "
+              "print(os.environ.get('MXNET_EXEC_INPLACE_GRAD_SUM_CAP', 'unset'))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["unset"]
