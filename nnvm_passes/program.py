@@ -43,7 +43,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -612,8 +612,8 @@ class _Route:
 
 def route(graph: Graph, assignment: Any, cap: int | None = None) -> Program:
     """The :class:`Program` of ``assignment`` over ``graph`` (see the module docstring),
-    each value read fewer than ``cap`` times (:func:`bounded_reads`; ``cap``: MXNet's,
-    :func:`inplace_sum_cap`, by default)."""
+    its gradient sums of ``cap`` pieces or more made where MXNet's in-place sums are right
+    (:func:`bounded_reads`; ``cap``: MXNet's, :func:`inplace_sum_cap`, by default)."""
     # routing recurses from the outputs to the inputs, a few frames per operator: a deep
     # network (WResNet-152: about a thousand operators in a chain) needs more than Python's
     # default limit of 1,000 frames
@@ -628,7 +628,8 @@ def route(graph: Graph, assignment: Any, cap: int | None = None) -> Program:
         raise TofuError(f"MXNET_EXEC_INPLACE_GRAD_SUM_CAP={cap}: MXNet then adds even two "
                         f"gradient pieces in place, which is wrong across devices; a "
                         f"partitioned graph needs 3 or more (unset it for MXNet's default, 8)")
-    return bounded_reads(program, cap)
+    return bounded_reads(program, cap, lambda step: step.kind is StepKind.SHARE and not
+                         passes_gradient_through(graph.nodes[step.node], graph))
 
 
 #: MXNet 1.9.1's MXNET_EXEC_INPLACE_GRAD_SUM_CAP when the variable is not set
@@ -645,24 +646,27 @@ def inplace_sum_cap() -> int:
     return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_INPLACE_SUM_CAP
 
 
-def bounded_reads(program: Program, cap: int) -> Program:
-    """``program`` with every value read fewer than ``cap`` times, through
-    :attr:`StepKind.RELAY` copies where it is read more.
+def bounded_reads(program: Program, cap: int,
+                  own_piece: Callable[[Step], bool] = lambda step: False) -> Program:
+    """``program`` with every value read ``cap`` times or more read through
+    :attr:`StepKind.RELAY` copies, but where MXNet's in-place sum of its gradient is right.
 
     MXNet sums a value's gradient pieces (one per read, and the head gradient of an output)
     with one ``ElementWiseSum`` below ``cap`` pieces, and from ``cap`` on with a chain of
-    in-place adds, each ordered after the last by a control dependency. Where the pieces
-    come from several devices, or pass through a copy from another (``_copy`` hands its
-    output's gradient to its input), that chain gives a wrong sum, silently (pinned in
-    tests/nnvm_passes/test_gradient_sums.py). So a value read ``cap`` times or more is read
-    through a tree of relays, each read fewer than ``cap`` times: the readers on each device
-    through relays there, one per device reading the value (or a relay of it) from its
-    device, so the bytes crossing devices do not change; the readers of one relay are
-    summed by one ``ElementWiseSum``. A relay is ``_copy``, which MXNet's memory planner
-    lets share its input's storage (``FInplaceIdentity``): it costs an operator, no
-    memory. With MXNet's default cap (8) it touches only values read 8 times or more (an
-    unrolled RNN's weights, a split read on many devices), and MXNet's in-place sums stay
-    on for every graph that is not partitioned."""
+    in-place adds, each ordered after the last by a control dependency, which frees each
+    piece as soon as it is added (an unrolled RNN's weights: measured, the chain holds
+    370.8 MiB where ``ElementWiseSum`` holds 914.8). Where the pieces come from several
+    devices, or pass through a copy or an ``elemwise_add`` from another (their gradient is
+    their output's), that chain gives a wrong sum, silently (pinned in
+    tests/nnvm_passes/test_gradient_sums.py). So a value read ``cap`` times or more keeps
+    its readers only where all of them run on its device and make their pieces there
+    (``own_piece(step)``: a share whose operator does not hand its output's gradient to its
+    inputs). Any other is read through a tree of relays, each read fewer than ``cap`` times:
+    the readers on each device through relays there, one per device reading the value (or
+    a relay of it) from its device, so the bytes crossing devices do not change; the pieces
+    of one relay are then added by one ``ElementWiseSum``. A relay is ``_copy``, which
+    MXNet's memory planner lets share its input's storage (``FInplaceIdentity``; not a
+    variable's). MXNet's cap stays the user's (by default 8) for every graph."""
     steps = program.steps
     room = cap - 1                  # reads a value may have
     uses: dict[Ref, list[tuple[int, int]]] = {}
@@ -672,8 +676,14 @@ def bounded_reads(program: Program, cap: int) -> Program:
     heads: dict[Ref, int] = {}
     for ref in program.heads:
         heads[ref] = heads.get(ref, 0) + 1
+    def alone(ref: Ref, readers) -> bool:
+        """Read where it is made only, by steps making their gradient pieces there."""
+        device = steps[ref.step].device
+        return not heads.get(ref) and all(steps[s].device == device and own_piece(steps[s])
+                                          for s, _ in readers)
     trees = {ref: _tree(readers, steps, ref, room, heads.get(ref, 0))
-             for ref, readers in uses.items() if len(readers) + heads.get(ref, 0) > room}
+             for ref, readers in uses.items()
+             if len(readers) + heads.get(ref, 0) > room and not alone(ref, readers)}
     if not trees:
         return program
     moved = {read: (ref, r) for ref, tree in trees.items()
@@ -759,10 +769,20 @@ def _relay(relays: list[_Relay], children: list, device: int) -> tuple:
 
 
 def _fan(relays: list[_Relay], items: list, device: int, keep: int, limit: int) -> list:
-    """``items`` (reads, relays) of one value grouped under new relays on ``device``, each
-    of at most ``limit`` (2 or more), until at most ``keep`` are left."""
+    """``items`` (reads, relays, in the order the forward pass makes them) of one value, at
+    most ``keep`` left: the first ``keep - 1`` as they are and the rest under a chain of
+    relays on ``device``, each of at most ``limit`` (2 or more) items, the last items deepest.
+    The backward pass makes the last readers' gradient pieces first: each relay's sum
+    runs as soon as they are made, and frees them, as an in-place sum would."""
     keep = max(keep, 1)
-    while len(items) > keep:
-        take = min(max(len(items) - keep + 1, 2), limit)
-        items = [_relay(relays, items[:take], device)] + items[take:]
-    return items
+    if len(items) <= keep:
+        return items
+    tail = items[-limit:]
+    rest = items[:-limit]
+    while True:
+        # ``tail`` under one relay; then it joins the items before it
+        grouped = _relay(relays, tail, device)
+        if len(rest) + 1 <= keep:
+            return rest + [grouped]
+        tail = rest[-(limit - 1):] + [grouped]
+        rest = rest[:-(limit - 1)]

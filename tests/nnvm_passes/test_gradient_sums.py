@@ -67,41 +67,43 @@ def test_in_place_gradient_sums_are_right_on_one_device_only(cap, variant, right
 
 
 PARTITIONED = r"""
-import sys
+import sys, warnings
 import mxnet as mx
 import tofu_mx
 from tofu_mx import models
 k = int(sys.argv[1])
 builders = {
     "wresnet": (models.wresnet(14, widen=1, num_classes=10),
-                models.input_shapes("wresnet", 8, image_size=32)),
+                models.input_shapes("wresnet", 8, image_size=32), "float64"),
     "rnn": (models.rnn(2, hidden=16, seq_len=6, vocab=24),
-            models.input_shapes("rnn", 8, seq_len=6)),
+            models.input_shapes("rnn", 8, seq_len=6), "float32"),
     "transformer": (models.transformer(2, 16, 4, seq_len=4, vocab=24),
-                    models.input_shapes("transformer", 8, seq_len=4)),
+                    models.input_shapes("transformer", 8, seq_len=4), "float32"),
 }
-for name, (sym, shapes) in builders.items():
-    ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
-    one = sym.simple_bind(mx.cpu(0), **shapes).debug_str().count("Op:_grad_add")
-    ours = ptd.simple_bind().debug_str().count("Op:_grad_add")
-    print(name, one, ours, ptd.node_counts.get("relay", 0))
+ctx = [mx.cpu(i) for i in range(k)]
+for name, (sym, shapes, dtype) in builders.items():
+    dtypes = {n: dtype for n in shapes}
+    ptd = tofu_mx.partition(sym, ctx, dtypes=dtypes, **shapes)
+    chains = ptd.simple_bind().debug_str().count("Op:_grad_add")
+    report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, **shapes)
+    print(name, chains, ptd.node_counts.get("relay", 0), report.ok)
 """
 
 
 @pytest.mark.parametrize("k", [2, 4])
-def test_partitioned_graphs_make_no_in_place_gradient_sums_even_at_a_low_cap(k):
-    """At a cap of 3 MXNet adds in place wherever a value has 3 readers (the unpartitioned
-    models do, many times); a partitioned graph reads no value that often
-    (``bounded_reads``), so none of its gradient sums is a chain, whatever the devices.
+def test_partitioned_graphs_are_right_at_a_low_cap(k):
+    """At a cap of 3 MXNet adds in place wherever a value has 3 readers. A partitioned graph
+    keeps those sums only where every piece is made on the value's device by its readers'
+    own gradient nodes (an unrolled RNN's weights), and reads every other value through
+    relays (``bounded_reads``): both are there, and every gradient matches one device's.
     (At such a cap MXNet's chain is wrong even on one device in some graphs: a fuzz graph
-    reading its data in a Convolution and two Concats.) The relays are there: each model
-    has values read 3 times or more once partitioned."""
+    reading its data in a Convolution and two Concats.)"""
     env = dict(os.environ, MXNET_EXEC_INPLACE_GRAD_SUM_CAP="3", MXNET_MKLDNN_ENABLED="0")
     done = subprocess.run([sys.executable, "-c", PARTITIONED, str(k)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines() if line.strip()]
     assert [r[0] for r in rows] == ["wresnet", "rnn", "transformer"]
-    for name, one, ours, relays in rows:
-        assert int(ours) == 0 and int(relays) > 0, (name, one, ours, relays)
-    assert all(int(one) > 0 for name, one, _, _ in rows if name != "wresnet"), rows
+    assert all(ok == "True" for *_, ok in rows), rows
+    assert all(int(relays) > 0 for _, _, relays, _ in rows), rows
+    assert sum(int(chains) for _, chains, _, _ in rows) > 0, rows

@@ -226,3 +226,20 @@ def test_a_value_read_below_the_cap_is_left_alone_and_a_cap_below_3_is_refused()
                             {(0, 0): (ROWS0, ROWS1), (1, 0): (ROWS0, ROWS1)})
     with pytest.raises(TofuError, match="MXNET_EXEC_INPLACE_GRAD_SUM_CAP=2.*3 or more"):
         route(graph, assignment, cap=2)
+
+
+def test_a_value_read_many_times_where_it_is_made_keeps_mxnets_in_place_sum():
+    """Read 20 times on its own device by operators making their gradient pieces there (an
+    unrolled RNN's weights), the value keeps its readers: MXNet adds the pieces in place, on
+    one device, which frees each as it is added; the gradients are right. The same readers
+    with one on another device are read through relays."""
+    cap = inplace_sum_cap()
+    own = lambda step: step.kind is StepKind.SHARE and step.op == "tanh"   # noqa: E731
+    program = fan_program((20, 0))
+    assert bounded_reads(program, cap, own) is program
+    want, got = gradients(dataclasses.replace(program, num_devices=1), 1), gradients(program, 2)
+    for name in want:
+        assert np.allclose(got[name], want[name], rtol=1e-12, atol=1e-12), name
+    mixed = bounded_reads(fan_program((19, 1)), cap, own)
+    assert any(s.kind is StepKind.RELAY for s in mixed.steps)
+    assert max(reads(mixed).values()) < cap
