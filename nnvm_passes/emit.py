@@ -28,8 +28,8 @@ ADD        ``broadcast_add``
 =========  ==============================================================================
 
 A step marked ``again`` sets ``__force_mirroring__`` (MXNet's gradient pass then builds it
-again in the backward pass). No two nodes are alike (:data:`DISTINCT`), so MXNet runs each
-step, and each value has the readers the Program gives it. MXNet inserts ``_CrossDeviceCopy`` between groups. Names are
+again in the backward pass). No two nodes but SENDs are alike (:data:`DISTINCT`), so MXNet
+runs each step, and each value has the readers the Program gives it. MXNet inserts ``_CrossDeviceCopy`` between groups. Names are
 made unique in the order the steps come (``name#2``, ...).
 """
 from __future__ import annotations
@@ -52,10 +52,12 @@ ROLES = {StepKind.SHARE: "operator", StepKind.SLICE: "split", StepKind.SPLIT: "s
          StepKind.TOTAL: "keep", StepKind.ADD: "keep"}
 _COMBINE_OPS = {Combine.MAX: "_maximum", Combine.MIN: "_minimum"}
 #: the attribute telling apart nodes that would be alike (one operator, inputs and
-#: attributes: the SENDs of one value to each reading device, the RELAYs of one value on one
-#: device): MXNet's common-expression elimination (MXNET_ELIMINATE_COMMON_EXPR, on by
-#: default) would make them one node, read by all their readers, which is what the RELAYs
-#: are there to prevent (:func:`nnvm_passes.program.bounded_reads`)
+#: attributes: the RELAYs of one value on one device, two equal shares): MXNet's
+#: common-expression elimination (MXNET_ELIMINATE_COMMON_EXPR, on by default) would make
+#: them one node, read by all their readers, which is what the RELAYs are there to prevent
+#: (:func:`nnvm_passes.program.bounded_reads`). The SENDs of one value to several devices
+#: are left alike: MXNet makes them one copy (one buffer where each would be one: a
+#: variable's copy has its own), and ``bounded_reads`` counts their readers together.
 DISTINCT = "__tofu_distinct__"
 
 
@@ -75,7 +77,8 @@ class _Emit:
         self.made: list[int] = []          # step -> the node giving its outputs
         self.shares: dict[int, list[int]] = {}   # graph operator -> its shares' nodes
         self.shards: list[VarShard] = []         # the variables, as named
-        self.alike: dict[tuple, int] = {}         # nodes emitted, by operator, inputs, attributes
+        self.alike: dict[tuple, tuple[int, bool]] = {}   # (operator, inputs, attributes) ->
+        #                                           how many emitted, and whether all SENDs
 
     def _name(self, base: str) -> str:
         name, n = base, 1
@@ -97,9 +100,10 @@ class _Emit:
         if step.again if again is None else again:
             attrs[MIRROR] = "True"
         key = (op, tuple(inputs), tuple(sorted(attrs.items())))
-        alike = self.alike.get(key, 0)
-        self.alike[key] = alike + 1
-        if alike:
+        alike, sends = self.alike.get(key, (0, True))
+        send = step.kind is StepKind.SEND
+        self.alike[key] = (alike + 1, sends and send)
+        if alike and not (send and sends):
             attrs[DISTINCT] = str(alike)
         self.nodes.append({"op": op, "name": self._name(base), "attrs": attrs,
                            "inputs": [[n, i, 0] for n, i in inputs]})

@@ -669,12 +669,19 @@ def bounded_reads(program: Program, cap: int,
     variable's). MXNet's cap stays the user's (by default 8) for every graph."""
     steps = program.steps
     room = cap - 1                  # reads a value may have
+    # MXNet merges the SENDs of one value to several devices (nnvm_passes.emit.DISTINCT):
+    # their readers are the first one's
+    first: dict[tuple, int] = {}
+    merged = {s: first.setdefault((step.inputs[0], step.again, step.device), s)
+              for s, step in enumerate(steps) if step.kind is StepKind.SEND}
     uses: dict[Ref, list[tuple[int, int]]] = {}
     for s, step in enumerate(steps):
         for pos, ref in enumerate(step.inputs):
+            ref = Ref(merged.get(ref.step, ref.step), ref.output)
             uses.setdefault(ref, []).append((s, pos))
     heads: dict[Ref, int] = {}
     for ref in program.heads:
+        ref = Ref(merged.get(ref.step, ref.step), ref.output)
         heads[ref] = heads.get(ref, 0) + 1
     def alone(ref: Ref, readers) -> bool:
         """Read where it is made only, by steps making their gradient pieces there."""

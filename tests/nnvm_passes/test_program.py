@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from nnvm_passes.emit import emit
+from nnvm_passes.emit import DISTINCT, emit
 from nnvm_passes.exporter import symbol_from_json
 from nnvm_passes.ir import FrozenDict
 from nnvm_passes.program import (Account, Combine, Held, Program, Purpose, Ref, Step,
@@ -121,10 +121,11 @@ def test_routing_is_deterministic():
     assert fc_program()[1] == fc_program()[1]
 
 
-def fan_program(readers_per_device, k=2):
+def fan_program(readers_per_device, k=2, sends=False):
     """``v = FullyConnected(x, w)`` on device 0, read by ``tanh`` shares on every device
     (``readers_per_device[d]`` of them on device d), summed on device 0 into a loss: a
-    value read many times, on several devices, as an unrolled RNN's weights are."""
+    value read many times, on several devices, as an unrolled RNN's weights are.
+    ``sends``: the readers on other devices read it through a SEND each (as a variable's)."""
     f64 = "float64"
     x = Held(None, (4, 5), f64)
     w = Held(None, (6, 5), f64)
@@ -138,8 +139,12 @@ def fan_program(readers_per_device, k=2):
                   reads=(0, 1))]
     outs = []
     for d, n in enumerate(readers_per_device):
+        source = Ref(2)
+        if sends and d:
+            steps.append(Step(StepKind.SEND, 0, (Ref(2),), (v,), None, f"@to{d}", to=d))
+            source = Ref(len(steps) - 1)
         for j in range(n):
-            steps.append(Step(StepKind.SHARE, d, (Ref(2),), (v,), None, f"t{d}_{j}",
+            steps.append(Step(StepKind.SHARE, d, (source,), (v,), None, f"t{d}_{j}",
                               node=3 + len(outs), op="tanh", reads=(0,)))
             outs.append(Ref(len(steps) - 1))
     node = 3 + len(outs)
@@ -243,3 +248,21 @@ def test_a_value_read_many_times_where_it_is_made_keeps_mxnets_in_place_sum():
     mixed = bounded_reads(fan_program((19, 1)), cap, own)
     assert any(s.kind is StepKind.RELAY for s in mixed.steps)
     assert max(reads(mixed).values()) < cap
+
+
+def test_the_sends_of_one_value_are_counted_together_as_mxnet_merges_them():
+    """The SENDs of one value to several devices are alike, and MXNet makes them one node:
+    three devices reading 3 times each are 9 reads of one copy, read through relays."""
+    k, cap = 4, inplace_sum_cap()
+    program = fan_program((0, 3, 3, 3), k, sends=True)
+    assert max(reads(program).values()) < cap <= 9
+    bounded = bounded_reads(program, cap)
+    assert any(s.kind is StepKind.RELAY for s in bounded.steps)
+    copies = [n for n in emit(bounded).json["nodes"] if n["op"] == "_copy"
+              and DISTINCT not in n["attrs"] and n["attrs"]["__ctx_group__"] == "dev0"]
+    assert len(copies) == 3          # the SENDs: alike, so one node in MXNet
+    one = dataclasses.replace(program, steps=tuple(dataclasses.replace(s, device=0)
+                                                   for s in program.steps), num_devices=1)
+    want, got = gradients(one, 1), gradients(bounded, k)
+    for name in want:
+        assert np.allclose(got[name], want[name], rtol=1e-12, atol=1e-12), name
