@@ -74,7 +74,7 @@ from nnvm_passes.ir import Graph
 from nnvm_passes.placement import placed_group
 from tofu_mx.errors import InvalidArgumentError, TofuError
 from tofu_mx.files import atomic_write_bytes, check_writable
-from nnvm_passes.program import Purpose
+from nnvm_passes.program import Program, Purpose
 from tofu_mx.search.cost import intersect
 from tofu_mx.search.cut import Cut, View
 from tofu_mx.summary import format_bytes
@@ -194,13 +194,19 @@ def traffic(ptd: PartitionedSymbol) -> Traffic:
                 src = graph.nodes[e.node]
                 if box is not None and not (src.is_variable and src.kind == "aux"):
                     read_boxes.setdefault((i, j), []).append(box)
+    return Traffic(cells, dict(program.placement), read_boxes, moved_bytes(program))
+
+
+def moved_bytes(program: Program) -> dict[tuple, int]:
+    """The bytes crossing devices (:meth:`Program.crossings`) by what they were moved for:
+    ``("read", op, input)``, ``("combine", op)`` or ``("output", k)``."""
     accounts: dict[tuple, int] = {}
     for crossing in program.crossings():
         a = crossing.account
         key = (a.purpose.value, a.node, a.input) if a.purpose is Purpose.READ else \
             (a.purpose.value, a.node)
         accounts[key] = accounts.get(key, 0) + crossing.nbytes
-    return Traffic(cells, dict(program.placement), read_boxes, accounts)
+    return accounts
 
 
 def cross_device_bytes(ptd: PartitionedSymbol) -> int:

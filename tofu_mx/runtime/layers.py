@@ -117,15 +117,15 @@ class LayerView:
 
 def layers(ptd: PartitionedSymbol) -> LayerView:
     """The rows of ``ptd``'s plan, one per operator of the graph the user partitioned."""
-    from tofu_mx.runtime.draw import traffic
-    graph, moves = ptd.graph, traffic(ptd)
+    from tofu_mx.runtime.draw import moved_bytes
+    graph = ptd.graph
     members = _members(graph, _user_operators(ptd.reference))
     strategies = {o.name: o.strategies for o in ptd.plan.ops}
     fallbacks = ptd.fallbacks
     k = len(ptd.contexts)
     moved: dict[int, int] = {}          # operator -> bytes read into it or combined for it
     outputs = 0                         # bytes gathering the outputs on device 0
-    for key, nbytes in moves.accounts.items():
+    for key, nbytes in moved_bytes(ptd.program).items():
         if key[0] == "output":
             outputs += nbytes
         else:
@@ -139,7 +139,7 @@ def layers(ptd: PartitionedSymbol) -> LayerView:
             any(s.kind == "reduce" for m in group
                 for s in strategies.get(graph.nodes[m].name, ())),
             sum(moved.get(m, 0) for m in group),
-            tuple(sorted({d for m in group for d in moves.instances.get(m, ())})),
+            tuple(sorted({d for m in group for d in ptd.program.placement.get(m, ())})),
             "; ".join(f"{graph.nodes[m].name}: {fallbacks[graph.nodes[m].name]}"
                       for m in group if graph.nodes[m].name in fallbacks)))
     cuts = tuple((level.parts, level.bytes) for level in ptd.plan.levels)
