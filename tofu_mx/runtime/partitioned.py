@@ -53,6 +53,37 @@ class DeviceMemory:
                 + self.optimizer)
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One plan ``partition(machine=...)`` weighed, simulated on the machine."""
+
+    label: str                 # what sets it apart, in words
+    step: float                # predicted seconds per training step
+    peak: int                  # the busiest device's predicted peak memory, bytes
+    fits: bool                 # every device's peak within the machine's memory
+
+
+@dataclass(frozen=True)
+class MachineChoice:
+    """Which plan ``partition(machine=...)`` chose, and the ones it weighed (fastest first)."""
+
+    machine: str
+    chosen: Candidate
+    candidates: tuple[Candidate, ...]
+
+    def lines(self) -> list[str]:
+        fits = [c for c in self.candidates if c.fits]
+        why = "the fastest that fits its memory" if fits else \
+            "none fits its memory: the one needing the least"
+        out = [f"chosen for {self.machine} by simulated step time ({why}): "
+               f"{self.chosen.label}, {self.chosen.step * 1e3:,.1f} ms per step predicted, "
+               f"{format_bytes(self.chosen.peak)} peak on the busiest device"]
+        out += [f"  also weighed: {c.label}, {c.step * 1e3:,.1f} ms, "
+                f"{format_bytes(c.peak)}{'' if c.fits else ' (does not fit)'}"
+                for c in self.candidates if c is not self.chosen]
+        return out
+
+
 class PartitionedSymbol:
     """A symbol partitioned over ``contexts``: bind it, move parameters in and out of it.
 
@@ -76,6 +107,8 @@ class PartitionedSymbol:
         self.node_counts = result.counts
         self.executor: mx.executor.Executor | None = None
         self._pending: tuple[dict, dict] | None = None
+        #: with ``partition(machine=...)``: which plan it chose and why
+        self.machine_choice: MachineChoice | None = None
 
     # --- shapes and binding -----------------------------------------------------------------
     @property
@@ -368,6 +401,8 @@ class PartitionedSymbol:
                          f"{len(self.plan.unlowered)} operator(s): {shown}{more}")
         for name, why in list(self.fallbacks.items())[:10]:
             lines.append(f"  runs whole (fallback): {name}: {why}")
+        if self.machine_choice is not None:
+            lines.extend(self.machine_choice.lines())
         lines.append("memory per device:")
         for m in self.memory_per_device():
             lines.append(f"  {m.device:<8} weights {format_bytes(m.weights)}, gradients "
@@ -418,7 +453,7 @@ def _check_operators(graph: Graph, plan: Plan, k: int, strict: bool) -> None:
 def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
               memory_budget=None, options: SearchOptions | None = None,
               dtypes: Mapping[str, Any] | None = None, strict: bool = False,
-              check: bool = False, **shapes) -> PartitionedSymbol:
+              check: bool = False, machine=None, **shapes) -> PartitionedSymbol:
     """Partition ``symbol`` over the devices ``ctx`` (any number, ``mx.cpu(i)`` or
     ``mx.gpu(i)``), for the input ``shapes`` given by name (``data=(32, 3, 224, 224)``).
 
@@ -437,9 +472,19 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     ``check=True``: before returning, the partition is checked on a small copy of the model
     (:meth:`PartitionedSymbol.check`), raising :class:`tofu_mx.VerificationError` if it
     computes something else.
+    ``machine``: a :class:`tofu_mx.sim.Machine` or a preset's name (``"8xV100-16GB-PCIe"``)
+    with at least as many devices as ``ctx``: the plan is chosen by the simulator's step time
+    on it (:func:`choose_by_step_time`) among the fewest-bytes plans fetching converted inputs
+    again for the backward pass and keeping them, the fastest whose peak memory fits the
+    machine's; :attr:`PartitionedSymbol.machine_choice` and ``report()`` say which and why.
+    Without it, the plan moving the fewest bytes (given ``options``).
     """
     check = arguments.flag(check, "check")
-    ptd = _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes)
+    if machine is not None:
+        ptd = choose_by_step_time(symbol, ctx, machine, memory_budget=memory_budget,
+                                  options=options, dtypes=dtypes, strict=strict, **shapes)
+    else:
+        ptd = _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes)
     if check:
         ptd.check()
     return ptd
@@ -472,6 +517,55 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes
     others = [measure(options.memory_weight, True, share)
               for share in _refetch_shares(options)]
     return fit_budget(measure, budgets, options.memory_weight, others)
+
+
+#: the plans ``partition(machine=...)`` weighs: (label, SearchOptions.refetch)
+STEP_TIME_CANDIDATES = (("converted inputs fetched again for the backward pass", True),
+                        ("converted inputs kept for the backward pass", False))
+
+
+def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context,
+                        machine, *, memory_budget=None, options: SearchOptions | None = None,
+                        dtypes: Mapping[str, Any] | None = None, strict: bool = False,
+                        **shapes) -> PartitionedSymbol:
+    """``partition(..., machine=machine)``: each plan of :data:`STEP_TIME_CANDIDATES` (the
+    fewest-bytes plan at ``options`` but for re-fetching; within ``memory_budget`` if
+    given), one training step of it simulated on ``machine``
+    (:func:`tofu_mx.sim.partitioned_step`, ``options.optimizer_state``); the fastest whose
+    every device's peak fits the machine's memory, else the one needing the least. Re-fetching
+    moves more bytes and re-runs shares but holds less; keeping holds more and runs fewer
+    operators."""
+    from tofu_mx import sim
+    contexts = check_contexts(ctx)
+    if isinstance(machine, str):
+        machine = sim.machine(machine)
+    if not isinstance(machine, sim.Machine):
+        raise InvalidArgumentError(f"machine must be a tofu_mx.sim.Machine or a preset's name "
+                                   f"({', '.join(sorted(sim.PRESETS))}), got "
+                                   f"{type(machine).__name__}")
+    if len(contexts) > machine.num_devices:
+        raise InvalidArgumentError(f"machine {machine.name!r} has {machine.num_devices} "
+                                   f"device(s), fewer than the {len(contexts)} in ctx; "
+                                   f"choose a machine with at least {len(contexts)}")
+    options = SearchOptions.of(options)
+    weighed, errors = [], []
+    for label, refetch in STEP_TIME_CANDIDATES:
+        try:
+            ptd = _partition(symbol, contexts, memory_budget,
+                             dataclasses.replace(options, refetch=refetch), dtypes, strict,
+                             shapes)
+        except NoFeasiblePlanError as e:
+            errors.append(e)
+            continue
+        step, peaks = sim.partitioned_step(ptd, machine, options.optimizer_state)
+        weighed.append((Candidate(label, step, max(peaks), max(peaks) <= machine.memory),
+                        ptd))
+    if not weighed:
+        raise min(errors, key=lambda e: e.footprint)
+    weighed.sort(key=lambda c: (not c[0].fits, c[0].step if c[0].fits else c[0].peak))
+    chosen, ptd = weighed[0]
+    ptd.machine_choice = MachineChoice(machine.name, chosen, tuple(c for c, _ in weighed))
+    return ptd
 
 
 #: searches again, at most, when operators' composed shares cannot run

@@ -27,11 +27,11 @@ from tofu_mx.sim.machine import GB, GiB, PRESETS, Link, Machine, machine
 from tofu_mx.sim.memory import gradients_per_device, held_at_forward_end, peak_memory
 from tofu_mx.sim.placement import place_operators
 from tofu_mx.sim.schedule import Task, finish_times, step_tasks
-from tofu_mx.sim.simulate import STRATEGIES, SimResult, simulate
+from tofu_mx.sim.simulate import STRATEGIES, SimResult, partitioned_step, simulate
 from tofu_mx.sim.work import Work, operator_work
 
-__all__ = ["ClusterResult", "GB", "GiB", "Link", "Machine", "PRESETS", "STRATEGIES", "SimResult",
-           "Task", "Work", "compute_time", "finish_times", "gradients_per_device",
+__all__ = ["ClusterResult", "GB", "GiB", "Link", "Machine", "PRESETS", "STRATEGIES",
+           "SimResult", "Task", "Work", "compute_time", "finish_times", "gradients_per_device",
            "held_at_forward_end", "machine", "network_all_reduce_time", "operator_work",
-           "peak_memory", "place_operators", "project_to_machines", "ring_all_reduce_time",
-           "simulate", "step_tasks", "swap_time", "transfer_time"]
+           "partitioned_step", "peak_memory", "place_operators", "project_to_machines",
+           "ring_all_reduce_time", "simulate", "step_tasks", "swap_time", "transfer_time"]

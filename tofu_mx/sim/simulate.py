@@ -21,6 +21,8 @@
 - ``"tofu"``: the default plan over the machine's devices; the graph simulated is the
   partitioned Symbol ``partition()`` really produces (its shard graph, with every
   conversion), not the plan's byte count;
+- ``"tofu-machine"``: the plan ``partition(machine=...)`` chooses by this simulator's step
+  time (the fastest of its candidates that fits; the note names it);
 - ``"tofu-memory"``: the plan moving the fewest bytes that fits the machine's memory
   (``partition(memory_budget=...)``); as the plan counts what a device holds at the end of
   the forward pass and the simulation its peak, the budget is lowered (up to ``RETRIES``
@@ -60,7 +62,8 @@ from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph
 
 #: the strategies :func:`simulate` knows
-STRATEGIES = ("ideal", "data_parallel", "swap", "placement", "tofu", "tofu-memory")
+STRATEGIES = ("ideal", "data_parallel", "swap", "placement", "tofu", "tofu-memory",
+              "tofu-machine")
 #: how many times ``"placement"`` and ``"tofu-memory"`` lower their cap to fit the peak
 RETRIES = 3
 
@@ -95,7 +98,8 @@ def simulate(symbol: mx.sym.Symbol, machine: Machine, strategy: str = "tofu", *,
                                    f"{', '.join(STRATEGIES)}")
     options = SearchOptions.of(options)
     run = {"ideal": _ideal, "data_parallel": _data_parallel, "swap": _swap,
-           "placement": _placement, "tofu": _tofu, "tofu-memory": _tofu}[strategy]
+           "placement": _placement, "tofu": _tofu, "tofu-memory": _tofu,
+           "tofu-machine": _tofu}[strategy]
     return run(symbol, machine, strategy, options, dtypes, shapes)
 
 
@@ -156,10 +160,11 @@ def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
 
     k = machine.num_devices
     budget = machine.memory if strategy == "tofu-memory" else None
+    chooser = machine if strategy == "tofu-machine" else None
     for _ in range(RETRIES + 1):
         try:
             ptd = partition(symbol, [mx.cpu(i) for i in range(k)], options=options,
-                            dtypes=dtypes, memory_budget=budget, **shapes)
+                            dtypes=dtypes, memory_budget=budget, machine=chooser, **shapes)
         except NoFeasiblePlanError as e:
             return SimResult(strategy, machine.name, False, math.inf, 0.0, (e.footprint,) * k,
                              "no plan fits the memory")
@@ -171,8 +176,23 @@ def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
         if budget is None or max(peak) <= machine.memory:
             break
         budget = int(budget * machine.memory / max(peak))
+    note = ptd.machine_choice.chosen.label if ptd.machine_choice is not None else ""
     return _result(strategy, machine, ptd.graph, _step_time(graph, device_of, machine), peak,
-                   gradients_per_device(graph, device_of, k))
+                   gradients_per_device(graph, device_of, k), note=note)
+
+
+def partitioned_step(ptd, machine: Machine, optimizer_state: float = 0.0
+                     ) -> tuple[float, tuple[int, ...]]:
+    """Seconds one training step of the partitioned symbol ``ptd`` takes on ``machine`` (its
+    shard graph, every conversion included; device ``i`` of ``ptd`` on the machine's device
+    ``i``), and each device's peak memory (``optimizer_state`` bytes per weight byte)."""
+    graph = ptd.shard_graph
+    index = {group: d for d, group in enumerate(ptd.group2ctx)}
+    device_of = [index.get(placed_group(graph, i), 0)
+                 for i in range(len(graph.nodes))].__getitem__
+    k = len(ptd.group2ctx)
+    return (_step_time(graph, device_of, machine).seconds,
+            peak_memory(graph, device_of, k, optimizer_state))
 
 
 def _replica(symbol, machine: Machine, options, dtypes, shapes):
@@ -250,4 +270,4 @@ def _batch(graph: Graph) -> int:
     return data[0].outputs[0].shape[0] if data and data[0].outputs[0].shape else 1
 
 
-__all__ = ["RETRIES", "STRATEGIES", "SimResult", "simulate"]
+__all__ = ["RETRIES", "STRATEGIES", "SimResult", "partitioned_step", "simulate"]

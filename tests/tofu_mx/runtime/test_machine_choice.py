@@ -1,0 +1,90 @@
+"""``partition(..., machine=...)``: the plan chosen by the simulator's step time on a machine,
+among the fewest-bytes plans fetching converted inputs again and keeping them (issue 41,
+item 3, first step)."""
+import dataclasses
+
+import mxnet as mx
+import pytest
+
+import tofu_mx
+from tofu_mx import models, sim
+from tofu_mx.errors import InvalidArgumentError
+from tofu_mx.runtime.partitioned import STEP_TIME_CANDIDATES
+from tofu_mx.search import SearchOptions
+
+V100 = "8xV100-16GB-PCIe"
+
+
+def lstm():
+    return models.rnn(2, 64, 4, 200), models.input_shapes("rnn", 8, seq_len=4)
+
+
+def ctx(k):
+    return [mx.cpu(i) for i in range(k)]
+
+
+def weighed(machine, k=3):
+    sym, shapes = lstm()
+    return tofu_mx.partition(sym, ctx(k), machine=machine, **shapes)
+
+
+def test_the_fastest_candidate_that_fits_is_chosen_and_it_computes_the_same():
+    sym, shapes = lstm()
+    ptd = weighed(V100)
+    choice = ptd.machine_choice
+    assert choice.machine == V100 and len(choice.candidates) == len(STEP_TIME_CANDIDATES)
+    assert all(c.fits for c in choice.candidates)
+    assert choice.chosen is choice.candidates[0]
+    assert choice.chosen.step == min(c.step for c in choice.candidates)
+    # the chosen partition is the plan partition() makes with that re-fetching choice,
+    # and its simulated step is what the choice says
+    refetch = dict(STEP_TIME_CANDIDATES)[choice.chosen.label]
+    plain = tofu_mx.partition(sym, ctx(3), options=SearchOptions(refetch=refetch), **shapes)
+    assert plain.plan.to_json() == ptd.plan.to_json()
+    step, peaks = sim.partitioned_step(ptd, sim.machine(V100))
+    assert step == choice.chosen.step and max(peaks) == choice.chosen.peak
+    assert f"chosen for {V100} by simulated step time" in ptd.report()
+    assert choice.chosen.label in ptd.report()
+    report = tofu_mx.verify(sym, ptd, ctx(3), rtol=1e-4, atol=1e-5, **shapes)
+    assert report.ok, report
+
+
+def test_memory_decides_before_time():
+    """A machine whose memory lies between the two candidates' peaks gets the one that fits,
+    however slow; one with too little for both gets the one needing the least."""
+    base = sim.machine(V100)
+    both = weighed(base).machine_choice.candidates
+    small, large = sorted(both, key=lambda c: c.peak)
+    assert small.peak < large.peak
+    between = dataclasses.replace(base, memory=(small.peak + large.peak) // 2)
+    choice = weighed(between).machine_choice
+    assert choice.chosen.label == small.label and choice.chosen.fits
+    assert [c.fits for c in choice.candidates] == [True, False]
+    tiny = dataclasses.replace(base, memory=small.peak // 2)
+    ptd = weighed(tiny)
+    assert ptd.machine_choice.chosen.label == small.label
+    assert not any(c.fits for c in ptd.machine_choice.candidates)
+    assert "none fits its memory" in ptd.report()
+
+
+def test_bad_machines_are_refused_with_what_to_do():
+    with pytest.raises(InvalidArgumentError, match="no machine preset called 'V100'"):
+        weighed("V100")
+    with pytest.raises(InvalidArgumentError, match="machine must be a tofu_mx.sim.Machine"):
+        weighed(8)
+    two = dataclasses.replace(sim.machine(V100), num_devices=2, group_size=2,
+                              host_shared=2)
+    with pytest.raises(InvalidArgumentError, match="2 device.*fewer than the 3 in ctx"):
+        weighed(two)
+
+
+def test_the_simulator_runs_the_chosen_plan():
+    """``simulate(..., "tofu-machine")`` simulates the plan ``partition(machine=...)`` chose:
+    never slower than the fewest-bytes plan (one of its candidates) where both fit."""
+    sym, shapes = lstm()
+    machine = dataclasses.replace(sim.machine(V100), num_devices=4)
+    chosen = sim.simulate(sym, machine, "tofu-machine", **shapes)
+    default = sim.simulate(sym, machine, "tofu", **shapes)
+    assert chosen.fits and default.fits
+    assert chosen.step_time <= default.step_time
+    assert chosen.note in dict(STEP_TIME_CANDIDATES)
