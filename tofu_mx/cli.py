@@ -33,6 +33,7 @@ from tofu_mx.devices import parse_devices
 from tofu_mx.errors import InvalidArgumentError, TofuError, VerificationError, mxnet_message
 from tofu_mx.files import atomic_write_bytes, check_writable, load_symbol
 from tofu_mx.models.wresnet import UNITS_BY_DEPTH
+from tofu_mx.sim.machine import PRESETS
 from tofu_mx.summary import format_bytes, parse_bytes, summarize
 from tofu_mx.tdl.annotate import import_graph
 
@@ -198,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     verifier.add_argument("--seed", type=int, default=0, help="seed of the inputs and parameters")
     drawer = sub.add_parser("draw", help="partition a model and draw the plan: a table of its "
                                          "layers, or the graph of its operators (Graphviz)")
+    for command in (verifier, drawer):
+        command.add_argument("--machine", default=None, choices=sorted(PRESETS),
+                             help="choose the plan by the simulator's step time on this "
+                                  "machine (fetching converted inputs again or keeping them: "
+                                  "the fastest that fits); default: the fewest bytes moved")
     _partition_arguments(drawer, "4", "devices to plan for (only their number matters)")
     drawer.add_argument("--output", "-o", required=True,
                         help="file to write: .png, .svg or .pdf; .dot: the graph view's source")
@@ -377,11 +383,13 @@ def _verify(args: argparse.Namespace, parsed: _Parsed, symbol, shapes) -> int:
     ctx = parsed.contexts
     symbol, dtypes = cast_floats(symbol, args.dtype)
     ptd = partition(symbol, ctx, memory_budget=parsed.budget, options=parsed.options,
-                    dtypes=dtypes, **shapes)
+                    dtypes=dtypes, machine=args.machine, **shapes)
     devices = ", ".join(map(str, ctx))
     print(f"partitioned over {_devices(len(ctx))} ({devices}): the plan moves "
           f"{format_bytes(ptd.plan.total_bytes)} per training step; "
           f"{len(ptd.fallbacks)} operator(s) run whole")
+    if ptd.machine_choice is not None:
+        print("\n".join(ptd.machine_choice.lines()))
     other = [f"{n.name}:{k}" for n in ptd.graph.nodes for k, t in enumerate(n.outputs)
              if np.dtype(t.dtype).kind == "f" and t.dtype != args.dtype]
     if other:
@@ -417,7 +425,8 @@ def _draw(args: argparse.Namespace, parsed: _Parsed, symbol, shapes) -> int:
     from tofu_mx.runtime.partitioned import partition
     ctx = parsed.contexts
     suffix = os.path.splitext(args.output)[1].lower()
-    ptd = partition(symbol, ctx, memory_budget=parsed.budget, options=parsed.options, **shapes)
+    ptd = partition(symbol, ctx, memory_budget=parsed.budget, options=parsed.options,
+                    machine=args.machine, **shapes)
     try:
         drawing = draw(ptd, args.output, view=args.view, max_operators=args.coarsen_above,
                        only=args.only)

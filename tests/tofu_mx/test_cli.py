@@ -864,3 +864,15 @@ def test_output_piped_into_head_ends_quietly(command):
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert done.stdout.strip().endswith("rc=0")
+
+
+def test_verify_chooses_the_plan_by_step_time_on_a_machine(tmp_path, capsys):
+    """--machine reaches partition(machine=...): the choice is printed, and the partition
+    it chose verifies; a machine that is not a preset is refused, listing the presets."""
+    argv = ["verify", *mlp_file(tmp_path), "--devices", "cpu:2"]
+    assert main(argv + ["--machine", "8xV100-16GB-PCIe"]) == 0
+    out = capsys.readouterr().out
+    assert "chosen for 8xV100-16GB-PCIe by simulated step time" in out
+    assert "also weighed: converted inputs" in out and "all agree" in out
+    assert main(argv + ["--machine", "V100"]) == 2
+    assert "invalid choice: 'V100'" in capsys.readouterr().err
