@@ -120,10 +120,11 @@ def _versus(results, strategy: str = "tofu") -> str:
 
 
 def memory_table(rows, machine) -> list[str]:
-    head = ["model"] + list(SHOWN)
+    shown = SHOWN + ((BY_TIME,) if rows and BY_TIME in rows[0][2] else ())
+    head = ["model"] + [s if s != BY_TIME else "tofu, machine=" for s in shown]
     cells = [[model.label] + [format_bytes(max(results[s].peak_memory)) +
                               ("" if results[s].fits or s == "ideal" else " (over)")
-                              for s in SHOWN]
+                              for s in shown]
              for model, _, results, _ in rows]
     return table(head, cells).split("\n")
 
