@@ -101,8 +101,8 @@ def _call(block, inputs, what):
 def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, *,
               data: Shape | Sequence[Shape], label: Shape | None = None,
               loss: gluon.HybridBlock | None = None, dtype: Any = None, init: Any = None,
-              memory_budget: Any = None, options: Any = None, strict: bool = False
-              ) -> "PartitionedBlock":
+              memory_budget: Any = None, options: Any = None, strict: bool = False,
+              machine: Any = None) -> "PartitionedBlock":
     """Partition a Gluon ``HybridBlock`` over the devices ``ctx`` for one batch shape.
 
     - ``data``: the input's shape, or a list of shapes for a block with several inputs
@@ -115,7 +115,8 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
       without shapes) is initialised shard by shard, each shard from the parameter's own
       initializer (or ``init``, or Gluon's default ``Uniform``) with the whole parameter's
       fan-in and fan-out: no device ever holds the whole parameter.
-    - ``memory_budget``, ``options``, ``strict``: as :func:`tofu_mx.partition`. The budget
+    - ``memory_budget``, ``options``, ``strict``, ``machine``: as :func:`tofu_mx.partition`
+      (``machine``: the plan chosen by simulated step time on it). The budget
       counts the optimizer state ``options.optimizer_state`` says the trainer will keep
       (bytes per parameter byte: ``SearchOptions(optimizer_state=2)`` for Adam).
 
@@ -138,7 +139,8 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
     if label is not None:
         shape_of["label"] = tuple(label)
     ptd = partition_symbol(symbol, contexts, memory_budget=memory_budget, options=options,
-                           dtypes={n: dtype for n in shape_of}, strict=strict, **shape_of)
+                           dtypes={n: dtype for n in shape_of}, strict=strict,
+                           machine=machine, **shape_of)
     return PartitionedBlock(block, ptd, names, "label" if label is not None else None,
                             params, init)
 

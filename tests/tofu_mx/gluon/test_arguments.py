@@ -202,3 +202,19 @@ def _saved(trainer, tmp_path):
     path = str(tmp_path / "full.states")
     trainer.save_states(path)
     return path
+
+
+def test_machine_reaches_partition_and_the_chosen_plan_runs():
+    """``machine=`` chooses the plan by simulated step time, as ``tofu_mx.partition`` (whose
+    tests verify the chosen plans); the block computes the plain net's losses on it."""
+    net = tg.partition(mlp(), CPUS, data=(4, 6), label=(4,), loss=LOSS,
+                       machine="8xV100-16GB-PCIe")
+    choice = net.partitioned.machine_choice
+    assert choice is not None and choice.machine == "8xV100-16GB-PCIe"
+    x, y = batch()
+    with mx.autograd.record():
+        got = net(x, y)
+    got.backward()
+    assert np.allclose(got.asnumpy(), LOSS(mlp()(x), y).asnumpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="no machine preset called"):
+        tg.partition(mlp(), CPUS, data=(4, 6), label=(4,), loss=LOSS, machine="V100")
