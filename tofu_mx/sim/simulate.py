@@ -168,10 +168,7 @@ def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
         except NoFeasiblePlanError as e:
             return SimResult(strategy, machine.name, False, math.inf, 0.0, (e.footprint,) * k,
                              "no plan fits the memory")
-        graph = ptd.shard_graph
-        index = {group: d for d, group in enumerate(ptd.group2ctx)}
-        device_of = [index.get(placed_group(graph, i), 0)
-                     for i in range(len(graph.nodes))].__getitem__
+        graph, device_of = _shard_devices(ptd)
         peak = peak_memory(graph, device_of, k, options.optimizer_state)
         if budget is None or max(peak) <= machine.memory:
             break
@@ -186,13 +183,18 @@ def partitioned_step(ptd, machine: Machine, optimizer_state: float = 0.0
     """Seconds one training step of the partitioned symbol ``ptd`` takes on ``machine`` (its
     shard graph, every conversion included; device ``i`` of ``ptd`` on the machine's device
     ``i``), and each device's peak memory (``optimizer_state`` bytes per weight byte)."""
+    graph, device_of = _shard_devices(ptd)
+    return (_step_time(graph, device_of, machine).seconds,
+            peak_memory(graph, device_of, len(ptd.group2ctx), optimizer_state))
+
+
+def _shard_devices(ptd) -> tuple[Graph, Callable[[int], int]]:
+    """The partitioned symbol's shard graph, and the device each of its nodes runs on (the
+    index of its ctx group; device 0 for a node MXNet places in no group)."""
     graph = ptd.shard_graph
     index = {group: d for d, group in enumerate(ptd.group2ctx)}
-    device_of = [index.get(placed_group(graph, i), 0)
-                 for i in range(len(graph.nodes))].__getitem__
-    k = len(ptd.group2ctx)
-    return (_step_time(graph, device_of, machine).seconds,
-            peak_memory(graph, device_of, k, optimizer_state))
+    return graph, [index.get(placed_group(graph, i), 0)
+                   for i in range(len(graph.nodes))].__getitem__
 
 
 def _replica(symbol, machine: Machine, options, dtypes, shapes):
