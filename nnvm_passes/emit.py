@@ -29,8 +29,9 @@ ADD        ``broadcast_add``
 
 A step marked ``again`` sets ``__force_mirroring__`` (MXNet's gradient pass then builds it
 again in the backward pass). No two nodes but SENDs are alike (:data:`DISTINCT`), so MXNet
-runs each step, and each value has the readers the Program gives it. MXNet inserts ``_CrossDeviceCopy`` between groups. Names are
-made unique in the order the steps come (``name#2``, ...).
+runs each step, and each value has the readers the Program gives it. MXNet inserts
+``_CrossDeviceCopy`` between groups. Names are made unique in the order the steps come
+(``name#2``, ...).
 """
 from __future__ import annotations
 

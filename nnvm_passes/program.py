@@ -167,6 +167,13 @@ class Step:
     to: int | None = None           # SEND: the reading device
     shard: VarShard | None = None   # VARIABLE
 
+    def read_account(self, position: int) -> Account | None:
+        """What reading input ``position`` is for: a share's operator input, else this
+        step's own account."""
+        if self.kind is StepKind.SHARE:
+            return Account(Purpose.READ, self.node, self.reads[position])
+        return self.account
+
 
 @dataclass(frozen=True)
 class Crossing:
@@ -210,9 +217,8 @@ class Program:
                 if source == step.device or (ref, step.device) in seen:
                     continue
                 seen.add((ref, step.device))
-                account = Account(Purpose.READ, step.node, step.reads[pos]) \
-                    if step.kind is StepKind.SHARE else step.account
-                out.append(Crossing(ref, source, step.device, self.held(ref).nbytes, account))
+                out.append(Crossing(ref, source, step.device, self.held(ref).nbytes,
+                                    step.read_account(pos)))
         return out
 
     def steps_per_device(self) -> list[dict[StepKind, int]]:
@@ -683,6 +689,7 @@ def bounded_reads(program: Program, cap: int,
     for ref in program.heads:
         ref = Ref(merged.get(ref.step, ref.step), ref.output)
         heads[ref] = heads.get(ref, 0) + 1
+
     def alone(ref: Ref, readers) -> bool:
         """Read where it is made only, by steps making their gradient pieces there."""
         device = steps[ref.step].device
@@ -708,11 +715,9 @@ def bounded_reads(program: Program, cap: int,
             ref = Ref(s, output)
             for r, relay in enumerate(trees.get(ref, ())):
                 t, pos = min(relay.below)
-                account = Account(Purpose.READ, steps[t].node, steps[t].reads[pos]) \
-                    if steps[t].kind is StepKind.SHARE else steps[t].account
                 source = Ref(at[s], output) if relay.parent < 0 else made[ref, relay.parent]
                 new.append(Step(StepKind.RELAY, relay.device, (source,), (step.outputs[output],),
-                                account, f"@relay{r}",
+                                steps[t].read_account(pos), f"@relay{r}",
                                 again=all(steps[t].again for t, _ in relay.below)))
                 made[ref, r] = Ref(len(new) - 1)
     return Program(tuple(new), tuple(Ref(at[r.step], r.output) for r in program.heads),
