@@ -646,10 +646,10 @@ DEFAULT_INPLACE_SUM_CAP = 8
 def inplace_sum_cap() -> int:
     """The number of gradient pieces from which MXNet sums them with a chain of in-place
     adds instead of one ``ElementWiseSum``: ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP`` as MXNet
-    reads it (its default where unset or not a number; MXNet reads it once per process, at
-    its first gradient graph)."""
+    reads it (its default where unset or not a number, which MXNet refuses; 0 is a cap of 0:
+    every sum in place; MXNet reads it once per process, at its first gradient graph)."""
     value = os.environ.get("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_INPLACE_SUM_CAP
+    return int(value) if value.isdigit() else DEFAULT_INPLACE_SUM_CAP
 
 
 def bounded_reads(program: Program, cap: int,

@@ -233,6 +233,18 @@ def test_a_value_read_below_the_cap_is_left_alone_and_a_cap_below_3_is_refused()
         route(graph, assignment, cap=2)
 
 
+@pytest.mark.parametrize("value, cap", [(None, 8), ("12", 12), (" 5 ", 5), ("0", 0),
+                                        ("many", 8)])
+def test_the_cap_is_read_as_mxnet_reads_it(monkeypatch, value, cap):
+    """Unset: MXNet's default, 8. ``0`` is a cap of 0 for MXNet (every sum in place), which
+    a partitioned graph refuses, not MXNet's default."""
+    if value is None:
+        monkeypatch.delenv("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", raising=False)
+    else:
+        monkeypatch.setenv("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", value)
+    assert inplace_sum_cap() == cap
+
+
 def test_a_value_read_many_times_where_it_is_made_keeps_mxnets_in_place_sum():
     """Read 20 times on its own device by operators making their gradient pieces there (an
     unrolled RNN's weights), the value keeps its readers: MXNet adds the pieces in place, on
