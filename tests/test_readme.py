@@ -108,23 +108,26 @@ def test_unknown_or_malformed_directives_are_refused():
             parse_readme(f"{line}\n```sh\necho\n```\n")
 
 
-def test_a_directive_must_come_right_before_a_runnable_fence():
-    with pytest.raises(ReadmeSpecError, match=r"README.md:1: a directive must come right "
-                                              r"before a ``` block .* not before text on line 2"):
-        parse_readme("<!-- readme-test: exit 1 -->\nsome text\n```sh\nfalse\n```\n")
-    with pytest.raises(ReadmeSpecError, match=r"README.md:1: .*the end of the file"):
-        parse_readme("<!-- readme-test: exit 1 -->\n\n")
-    with pytest.raises(ReadmeSpecError, match=r"README.md:1: a directive on the ```text block "
-                                              r"of line 2, which never runs"):
-        parse_readme("<!-- readme-test: prints x -->\n```text\nx\n```\n")
+@pytest.mark.parametrize("text, message", [
+    ("<!-- readme-test: exit 1 -->\nsome text\n```sh\nfalse\n```\n",
+     r"README.md:1: a directive must come right before a ``` block .* not before text on "
+     r"line 2"),
+    ("<!-- readme-test: exit 1 -->\n\n", r"README.md:1: .*the end of the file"),
+    ("<!-- readme-test: prints x -->\n```text\nx\n```\n",
+     r"README.md:1: a directive on the ```text block of line 2, which never runs"),
+    ("<!-- readme-test: exit 2 -->\n```sh\ntrue\nfalse\n```\n",
+     r"README.md:1: `exit 2` needs a block of exactly one command; the block of line 2 has 2"),
+    ("<!-- readme-test: exit 1 -->\n```python\nraise SystemExit(1)\n```\n",
+     r"`exit` is for ```sh blocks"),
+])
+def test_a_directive_in_the_wrong_place_is_refused(text, message):
+    """A directive must come right before a block that runs; ``exit`` needs an ```sh block of
+    exactly one command."""
+    with pytest.raises(ReadmeSpecError, match=message):
+        parse_readme(text)
 
 
-def test_exit_needs_exactly_one_command_and_a_sh_block():
-    with pytest.raises(ReadmeSpecError, match=r"README.md:1: `exit 2` needs a block of exactly "
-                                              r"one command; the block of line 2 has 2"):
-        parse_readme("<!-- readme-test: exit 2 -->\n```sh\ntrue\nfalse\n```\n")
-    with pytest.raises(ReadmeSpecError, match=r"`exit` is for ```sh blocks"):
-        parse_readme("<!-- readme-test: exit 1 -->\n```python\nraise SystemExit(1)\n```\n")
+def test_exit_counts_a_command_across_comments_blank_lines_and_continuations():
     (block,) = parse_readme("<!-- readme-test: exit 2 -->\n```sh\n# a comment\n\n"
                             "tofu-mx plan rnn \\\n    --devices 6   # why\n```\n")
     assert block.expect_exit == 2
