@@ -11,8 +11,8 @@ VARIABLE   a variable ``<name>@dev<d>``
 SHARE      the operator, named ``<name>@dev<d>``, with the share's attributes
 SLICE      ``SliceChannel`` (equal pieces)
 SPLIT      ``_split_v2`` (pieces at offsets)
-STACK      ``stack`` then ``Reshape`` (neither's gradient reads its inputs)
-CONCAT     ``Concat``
+STACK      ``_npi_concatenate`` (:data:`JOIN`)
+CONCAT     ``_npi_concatenate``
 COMBINE    ``add_n``, or a chain of ``_maximum`` / ``_minimum``
 SEND       ``_copy`` on the holder
 PLACE      ``_copy`` on the device
@@ -51,6 +51,12 @@ ROLES = {StepKind.SHARE: "operator", StepKind.SLICE: "split", StepKind.SPLIT: "s
          StepKind.RERUN: "rerun",
          StepKind.PAD: "pad", StepKind.SCALE: "scale", StepKind.ZERO: "keep",
          StepKind.TOTAL: "keep", StepKind.ADD: "keep"}
+#: the operator joining pieces (STACK, CONCAT): NumPy's ``concatenate``, one node whose
+#: gradient reads no input (``ElemwiseGradUseNone``), so the pieces are freed after the forward
+#: pass. ``Concat``'s gradient, in MXNet's MKLDNN builds (the pip wheels), reads every piece,
+#: which then stays until the backward pass; ``stack`` + ``Reshape`` read none but are two
+#: nodes. It runs in a legacy (not NumPy-mode) graph on every device as ``Concat`` does.
+JOIN = "_npi_concatenate"
 _COMBINE_OPS = {Combine.MAX: "_maximum", Combine.MIN: "_minimum"}
 #: the attribute telling apart nodes that would be alike (one operator, inputs and
 #: attributes: the RELAYs of one value on one device, two equal shares): MXNet's
@@ -133,15 +139,9 @@ class _Emit:
             return self.add("_split_v2", derived, {
                 "indices": format_attr_value(step.cuts), "axis": str(step.axis),
                 "squeeze_axis": "False", "sections": "0"}, ins, step)
-        if kind is StepKind.STACK:
-            stacked = self.add("stack", step.name + "@stack", {
-                "axis": str(step.axis), "num_args": str(len(ins))}, ins, step)
-            merge = format_attr_value((0,) * step.axis + (-3, -2))
-            return self.add("Reshape", step.name, {"shape": merge}, [(stacked, 0)], step,
-                            counted=False)
-        if kind is StepKind.CONCAT:
-            return self.add("Concat", step.name, {"dim": str(step.axis),
-                                                  "num_args": str(len(ins))}, ins, step)
+        if kind in (StepKind.STACK, StepKind.CONCAT):
+            return self.add(JOIN, step.name, {"axis": str(step.axis),
+                                              "num_args": str(len(ins))}, ins, step)
         if kind is StepKind.COMBINE:
             if step.combine is Combine.SUM:
                 return self.add("add_n", step.name, {"num_args": str(len(ins))}, ins, step)
