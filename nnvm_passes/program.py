@@ -16,6 +16,10 @@ backwards (so a share nobody reads is never made):
 - a value read on another device is read there directly (MXNet inserts the
   ``_CrossDeviceCopy``), or through a :attr:`StepKind.SEND` on the device holding it where
   the sum of its gradients must be made on that device (see :meth:`_Route.send`);
+- an operator whose outputs are regions of its input 0 (a SliceChannel share holding parts
+  of pieces) runs no step: each output is that region; one that may also run (holding
+  whole pieces) is read so where its pieces lie in different stored boxes of the input,
+  rather than joined and cut again (:meth:`_Route.apart`);
 - conversions: a region of a tensor on a device is cut out of the stored boxes it overlaps
   (:attr:`~StepKind.SLICE` into equal pieces, :attr:`~StepKind.SPLIT` at any offsets) on
   the device holding them, and joined (:attr:`~StepKind.STACK` for pieces of one size,
@@ -252,6 +256,7 @@ class _Route:
         self.steps: list[Step] = []
         self.memo: dict[tuple, Any] = {}
         self.placement: dict[int, list[int]] = {}
+        self.readers = graph.consumers()
 
     def add(self, step: Step) -> int:
         self.steps.append(step)
@@ -340,7 +345,8 @@ class _Route:
         node, share = self.graph.nodes[i], self.assignment.ops[i].shares[d]
         refetch, kept = self.assignment.ops[i].refetch, self.assignment.ops[i].kept
         self.placement.setdefault(i, []).append(d)
-        if share.views is not None:       # no operator: each output is a region of input 0
+        if share.views is not None and (not share.runs or self.apart(i, share.views)):
+            # no operator: each output is a region of input 0
             entry = node.inputs[0]
             outs = [self.region((entry.node, entry.index), box, d, share.pads[0],
                                 Account(Purpose.READ, i, 0))
@@ -382,6 +388,26 @@ class _Route:
                 if box is not None else o for o, box in zip(outs, share.outputs)]
         self.memo[key] = outs
         return outs
+
+    def apart(self, i: int, views: tuple[Box, ...]) -> bool:
+        """Whether operator ``i``'s share reads ``views`` (regions of its input 0) rather than
+        running: where each view lies in one stored box of the input, not all in the same
+        one, the views are cut out of those boxes (nothing joined) where the operator would
+        read them joined into one region first; unless a reader of ``i`` fetches its
+        converted inputs again (``refetch``): the conversion would move into that reader's
+        input, and the reader would run again in the backward pass."""
+        if any(self.assignment.ops[r].refetch for r, _ in self.readers[i]
+               if r in self.assignment.ops):
+            return False
+        entry = self.graph.nodes[i].inputs[0]
+        cells = self.cells((entry.node, entry.index))
+        within = set()
+        for view in views:
+            inside = [c for c in cells if _intersect(view, c) is not None]
+            if len(inside) != 1:
+                return False
+            within.add(inside[0])
+        return len(within) > 1
 
     def computed(self, t: Tensor, d: int):
         """Distinct boxes computed of ``t``, each with the devices whose shares make it (the

@@ -106,6 +106,40 @@ def test_partial_sums_are_cut_where_they_are_made_and_combined_where_they_are_st
     assert result.counts == {"combine": 2, "concat": 1, "operator": 2, "send": 1, "split": 2}
 
 
+def slice_channel_program(data_cells):
+    """SliceChannel of a (4, 6) variable into 2 pieces of 3 columns, each device its half of
+    the batch (whole pieces: the share may run or be read as views), the variable stored in
+    ``data_cells``; both outputs joined on device 0."""
+    sym = mx.sym.SliceChannel(mx.sym.var("data"), num_outputs=2, axis=1, name="sc")
+    graph = import_graph(sym, data=(4, 6), dtypes={"data": "float64"})
+    sc = graph.index("sc")
+    shares = tuple(Share(FrozenDict(num_outputs="2", axis="1"), ((rows, (0, 5)),), (None,),
+                         ((rows, (0, 2)), (rows, (0, 2))), None, (d,),
+                         views=((rows, (0, 2)), (rows, (3, 5))), runs=True)
+                   for d, rows in enumerate(((0, 1), (2, 3))))
+    halves = (ROWS0, ROWS1)
+    stored = {(graph.index("data"), 0): data_cells, (sc, 0): halves, (sc, 1): halves}
+    return graph, route(graph, Assignment(2, {sc: OpAssignment(shares)}, stored))
+
+
+def test_whole_pieces_lying_in_different_devices_parts_are_cut_out_not_joined_and_cut():
+    x = np.random.RandomState(2).randn(4, 6)
+    by_columns = (((0, 3), (0, 2)), ((0, 3), (3, 5)))     # each piece in one device's part
+    graph, program = slice_channel_program(by_columns)
+    kinds = [s.kind for s in program.steps]
+    assert StepKind.SHARE not in kinds            # read as views: no SliceChannel of a join
+    assert [(s.device, s.axis, s.parts) for s in program.steps if s.kind is StepKind.SLICE] \
+        == [(0, 0, 2), (1, 0, 2)]                  # each part cut in rows where it lives
+    outs, _ = run(program, {"data": x})
+    assert all(np.array_equal(o, w) for o, w in zip(outs, np.split(x, 2, axis=1)))
+    # the same pieces in one device's part (rows stored): the operator runs, nothing joined
+    graph, program = slice_channel_program((((0, 1), (0, 5)), ((2, 3), (0, 5))))
+    shares = [s for s in program.steps if s.kind is StepKind.SHARE]
+    assert [(s.device, s.op) for s in shares] == [(0, "SliceChannel"), (1, "SliceChannel")]
+    outs, _ = run(program, {"data": x})
+    assert all(np.array_equal(o, w) for o, w in zip(outs, np.split(x, 2, axis=1)))
+
+
 def test_a_program_and_its_graph_are_the_same_whatever_the_order_asked():
     """emit(ordered=True) adds control dependencies only: the same nodes, the same result."""
     _, program = fc_program()

@@ -430,8 +430,9 @@ def _split_v2_pieces(attrs, shape):
 
 
 def _split_v2_shard(attrs, ctx):
-    """As SliceChannel: a share holding whole pieces runs as the operator; one holding parts
-    of pieces reads each output's region of the input (``views``)."""
+    """As SliceChannel: a share holding parts of pieces reads each output's region of the
+    input (``views``); one holding whole pieces runs as the operator or reads them so
+    (``also_runs``)."""
     axis, pieces, squeeze = _split_v2_pieces(attrs, ctx.input_shapes[0])
     views = []
     for (start, end), box in zip(pieces, ctx.outputs):
@@ -442,7 +443,10 @@ def _split_v2_shard(attrs, ctx):
         box[axis] = (start + lo, start + hi)
         views.append(tuple(box))
     whole = all(v[axis] == (start, end - 1) for v, (start, end) in zip(views, pieces))
-    return Shard() if whole else Shard(views=tuple(views))
+    if not whole:
+        return Shard(views=tuple(views))
+    # a squeezed output is not a region's shape: it runs as the operator
+    return Shard() if squeeze else Shard(views=tuple(views), also_runs=True)
 
 
 @op("_split_v2", shard=_split_v2_shard, examples=[

@@ -161,9 +161,11 @@ def _pieces(attrs, shape):
 
 
 def _slice_channel_shard(attrs, ctx):
-    """A share holding whole pieces along ``axis`` runs as a SliceChannel of fewer outputs
-    over them; one holding parts of pieces (each device a slice of every LSTM gate) reads
-    each output's region of the input directly (``views``)."""
+    """A share holding parts of pieces (each device a slice of every LSTM gate) reads each
+    output's region of the input directly (``views``); one holding whole pieces runs as the
+    SliceChannel or reads them so (``also_runs``: where they lie in different devices'
+    parts of the input, each piece is taken from its part rather than the parts joined
+    first to be cut again)."""
     _, axis, width, squeeze = _pieces(attrs, ctx.input_shapes[0])
     views = []
     for k, box in enumerate(ctx.outputs):
@@ -174,7 +176,10 @@ def _slice_channel_shard(attrs, ctx):
         box[axis] = (k * width + lo, k * width + hi)
         views.append(tuple(box))
     whole = all(v[axis] == (k * width, (k + 1) * width - 1) for k, v in enumerate(views))
-    return Shard() if whole else Shard(views=tuple(views))
+    if not whole:
+        return Shard(views=tuple(views))
+    # a squeezed output is not a region's shape: it runs as the operator
+    return Shard() if squeeze else Shard(views=tuple(views), also_runs=True)
 
 
 @op("SliceChannel", shard=_slice_channel_shard, examples=[({"num_outputs": 2}, [(2, 4, 3)]),

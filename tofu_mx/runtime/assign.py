@@ -55,6 +55,8 @@ class Share:
     key: tuple[int, ...]                 # shares with one key and partial outputs combine
     scale: float | None = None           # multiply the outputs by this
     views: tuple[Box, ...] | None = None # no operator: output j is input 0's box views[j]
+    runs: bool = False                   # with views: the operator computes it too (attrs,
+    #                                      inputs); the rewrite picks (Shard.also_runs)
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,7 @@ def _described_share(node, entry: Description, traced, pads, levels, factors,
     outputs = tuple(work.outputs) + (None,) * (len(node.outputs) - len(work.outputs))
     if run.shard.views is not None:
         return Share(run.attrs, run.inputs, pads, outputs, work.partial, tuple(key),
-                     views=tuple(run.shard.views))
+                     views=tuple(run.shard.views), runs=run.shard.also_runs)
     return Share(run.attrs, run.inputs, pads, outputs, work.partial, tuple(key), run.shard.scale)
 
 

@@ -243,7 +243,8 @@ def check_shares(desc: Description, example: Example, parts: int,
                                                                        p)},
                                 reduced, reduced if p else [])
             run = resolve(desc, v.op, v.attrs, v.traced, work)
-            if isinstance(run, str) or run.shard.views is not None:
+            if isinstance(run, str) or (run.shard.views is not None
+                                        and not run.shard.also_runs):
                 found = None
                 break
             pieces = [_read(x, box, pad) for x, box, pad in zip(v.inputs, run.inputs, pads)

@@ -110,12 +110,16 @@ class Shard:
     axes (``whole``), and a factor
     to multiply the outputs by (a mean's partial sum). ``views``: the share runs no operator,
     its output ``j`` is input 0's region ``views[j]`` (a box), cut and joined by the rewrite
-    (a SliceChannel share holding parts of several pieces)."""
+    (a SliceChannel share holding parts of several pieces). ``also_runs`` (with ``views``):
+    the operator with ``attrs`` computes the share too, from the box of input 0 covering the
+    views (a SliceChannel share holding whole pieces); the rewrite then takes whichever
+    converts less (:meth:`nnvm_passes.program._Route.instance`)."""
 
     attrs: Mapping[str, Any] = field(default_factory=dict)
     padded: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     scale: float | None = None
     views: tuple | None = None
+    also_runs: bool = False
     #: ``whole[input] = axes``: the share reads those axes of the input over their whole
     #: extent, beyond what it uses (a kernel whose weights follow the input's size: a resize
     #: skipping the edge rows when it shrinks)

@@ -13,6 +13,7 @@ Used by the search (a strategy any share of which cannot run is not offered) and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import io
 from dataclasses import dataclass
@@ -74,12 +75,15 @@ def resolve(entry: Description, op: str, attrs: FrozenDict, traced: Traced,
     merged = dict(attrs)
     merged.update({name: format_attr_value(v) for name, v in shard.attrs.items()})
     runnable = Runnable(FrozenDict(merged), tuple(boxes), shard)
-    if shard.views is not None:
+    if shard.views is not None and not shard.also_runs:
         return runnable
     shapes = tuple(ShardContext.size(b) for b in boxes if b is not None)
     want = tuple(ShardContext.size(b) for b in work.outputs)
     got = inferred_shapes(op, runnable.attrs, shapes, len(want))
     if got is None or got[:len(want)] != want:
+        if shard.views is not None:      # the views alone, then
+            return dataclasses.replace(runnable, shard=dataclasses.replace(shard,
+                                                                           also_runs=False))
         return (f"MXNet computes {got and got[:len(want)]} from inputs {shapes} with "
                 f"{dict(shard.attrs)}, the share needs {want}")
     return runnable

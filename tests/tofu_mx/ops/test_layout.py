@@ -114,6 +114,8 @@ SHARE_CASES = [
     ("_split_v2", {"indices": (0, 1, 4), "axis": 1}, [(2, 6)]),
     ("_split_v2", {"indices": (), "sections": 3, "axis": 0, "squeeze_axis": True}, [(3, 4)]),
     ("_rnn_param_concat", {"dim": 0, "num_args": 2}, [(5,), (3,)]),
+    ("SliceChannel", {"num_outputs": 3, "axis": 1}, [(2, 6)]),
+    ("SliceChannel", {"num_outputs": 3, "axis": 0, "squeeze_axis": True}, [(3, 4)]),
 ]
 
 
@@ -143,15 +145,43 @@ def test_every_runnable_share_computes_its_part(op, attrs, shapes):
             continue
         ran += 1
         assert not run.shard.padded
+        forms = []
         if run.shard.views is not None:
-            got = [_cut(arrays[0], v).reshape([hi - lo + 1 for lo, hi in box])
-                   for v, box in zip(run.shard.views, work.outputs)]
-        else:
+            forms.append([_cut(arrays[0], v).reshape([hi - lo + 1 for lo, hi in box])
+                          for v, box in zip(run.shard.views, work.outputs)])
+        if run.shard.views is None or run.shard.also_runs:   # both forms where both offered
             regions = [_cut(a, b) for a, b in zip(arrays, run.inputs) if b is not None]
-            got = _outputs(op, run.attrs, regions, len(work.outputs))
-        for k, box in enumerate(work.outputs):
-            assert np.array_equal(got[k], _cut(whole[k], box)), (ranges, k)
+            forms.append(_outputs(op, run.attrs, regions, len(work.outputs)))
+        for got in forms:
+            for k, box in enumerate(work.outputs):
+                assert np.array_equal(got[k], _cut(whole[k], box)), (ranges, k)
     assert ran > 0
+
+
+@pytest.mark.parametrize("op,attrs,shape,whole,parts,offered", [
+    ("SliceChannel", {"num_outputs": 3, "axis": 1}, (2, 6), {"i0": (0, 0)}, {"i1": (0, 0)},
+     True),
+    ("SliceChannel", {"num_outputs": 3, "axis": 0, "squeeze_axis": True}, (3, 4),
+     {"i1": (0, 0)}, None, False),
+    ("_split_v2", {"indices": (0, 1, 4), "axis": 1}, (2, 6), {"i0": (0, 0)}, {"p1": (0, 0)},
+     True),
+    ("_split_v2", {"indices": (), "sections": 3, "axis": 0, "squeeze_axis": True}, (3, 4),
+     {"i1": (0, 0)}, None, False),
+])
+def test_whole_pieces_offer_views_too(op, attrs, shape, whole, parts, offered):
+    """A share holding whole pieces (split on another axis) may be read as views of its input
+    as well as run (``also_runs``), but for squeezed outputs, whose shape is no region's; a
+    share holding parts of pieces only as views."""
+    desc = lookup(op)
+    graph = example_graph(op, Example(_format_attrs(attrs), (shape,)))
+    node = graph.nodes[-1]
+    traced = trace(desc, Attrs(node.attrs), [shape], [t.shape for t in node.outputs])
+    assert set(whole) <= set(traced.extents) and set(parts or ()) <= set(traced.extents)
+    run = resolve(desc, op, FrozenDict(node.attrs), traced, work_regions(traced, whole))
+    assert (run.shard.views is not None, run.shard.also_runs) == (offered, offered)
+    if parts is not None:
+        run = resolve(desc, op, FrozenDict(node.attrs), traced, work_regions(traced, parts))
+        assert run.shard.views is not None and not run.shard.also_runs
 
 
 def test_split_v2_every_output_matches_mxnet():

@@ -86,3 +86,23 @@ def test_builders(name, k):
     assert report.ok and not ptd.fallbacks
     if k == 1:   # one device: the original graph, names and all
         assert sorted(ptd.symbol.list_arguments()) == sorted(sym.list_arguments())
+
+
+@pytest.mark.parametrize("refetch", [False, True])
+def test_lstm_gates_made_apart_are_read_where_they_are_made(refetch):
+    """At k = 8 the LSTM's gates are made split on their columns and used split on the batch:
+    each device's SliceChannel share holds whole gates, each made on another device. Kept
+    for the backward pass, each gate is read from where it is made (no share joining the
+    four to cut them again); re-fetched, the share runs (its readers would run again
+    otherwise). Both verify."""
+    from nnvm_passes.program import StepKind
+    sym = models.rnn(2, hidden=64, seq_len=3, vocab=50)
+    ptd, report = partition_and_verify(sym, 8, dtypes={},     # float32, as test_builders
+                                       options=SearchOptions(refetch=refetch),
+                                       **models.input_shapes("rnn", 64, seq_len=3))
+    assert report.ok and not ptd.fallbacks
+    gates = [i for i, n in enumerate(ptd.graph.nodes)
+             if n.op == "SliceChannel" and n.name.endswith("_slice")]
+    assert len(gates) == 6 and all(ptd.assignment.ops[i].shares[0].runs for i in gates)
+    ran = {s.node for s in ptd.program.steps if s.kind is StepKind.SHARE and s.node in gates}
+    assert ran == (set(gates) if refetch else set())
