@@ -32,12 +32,19 @@ def lower_batch_norm(emit, attrs, shapes, data, gamma, beta, moving_mean, moving
     on a *pseudo-batch* of two rows ``mean -/+ sqrt(var)`` per channel: its batch mean and
     (biased) variance are the whole batch's, so it updates ``moving_mean``/``moving_var``
     exactly as BatchNorm on the whole batch does (in its backward pass, which therefore
-    must stay on a gradient path: its input depends on ``mean``, and it reads gamma and
-    beta), and its outputs 1 and 2 are the batch mean and inverse std in training and the
-    moving ones in inference: MXNet's own switch. ``BlockGrad(s) + (t - BlockGrad(t))``
-    takes the value of ``s`` and the gradient of ``t``, so gradients flow through the
-    batch statistics as in BatchNorm's; the output is shifted by ``(shown mean - mean) * a``,
-    no gradient, which is rounding in training and moves to the moving mean in inference.
+    must stay on a gradient path), and its outputs are MXNet's own switch between the batch
+    statistics (training) and the moving ones (inference):
+
+    - the mean of its two output rows is ``shift = beta + (mean - m) * s * gamma``, with
+      ``m`` and ``s`` the mean and inverse std it used: ``beta`` in training (``m`` is the
+      pseudo-batch's mean, ``mean``: rounding), ``beta + (mean - moving_mean) * s * gamma``
+      in inference, so ``y = d * scale + shift`` is BatchNorm's output either way. Its
+      gradient is ``beta``'s alone: the rows' gradients are equal and their normalised
+      values opposite, so BatchNorm hands ``mean``, ``var`` and ``gamma`` none;
+    - its output 2 (``s``) with ``inv_std``'s gradient makes ``scale = gamma * s``:
+      ``BlockGrad(s) + (t - BlockGrad(t))`` takes the value of ``s`` and the gradient of
+      ``t``, so gradients flow through the batch statistics as in BatchNorm's.
+
     Not lowered (None): global statistics (a per-sample operator, split on the batch
     already) and a channel axis on the batch.
     """
@@ -65,9 +72,9 @@ def lower_batch_norm(emit, attrs, shapes, data, gamma, beta, moving_mean, moving
                                    name="sum_sq", axis=reduced), name="var", scalar=count)
     inv_std = emit("rsqrt", emit("_plus_scalar", var, name="var_eps", scalar=eps),
                    name="inv_std")
-    # the pseudo-batch's spread carries no gradient (sqrt'(0) would make a NaN of a zero)
-    spread = emit("sqrt", emit("relu", emit("BlockGrad", var, name="var_const"),
-                               name="var_pos"), name="std")
+    # the pseudo-batch's spread carries no gradient (sqrt'(0) would make a NaN of a zero);
+    # a sum of squares is never negative
+    spread = emit("sqrt", emit("BlockGrad", var, name="var_const"), name="std")
     pseudo = emit("stack", emit("elemwise_sub", mean, spread, name="low"),
                   emit("elemwise_add", mean, spread, name="high"), name="pseudo_batch",
                   axis=0, num_args=2)
@@ -75,19 +82,11 @@ def lower_batch_norm(emit, attrs, shapes, data, gamma, beta, moving_mean, moving
                  **{k: v for k, v in attrs.items() if k in ("eps", "momentum")},
                  fix_gamma=fix_gamma, axis=1, output_mean_var=True, cudnn_off=True,
                  use_global_stats=False)
-    # output 0 needs a reader (inference mode refuses an unread one): an exact zero added
-    zero = emit("_mul_scalar", emit("sum", stats[0], name="rows", axis=0), name="rows_zero",
-                scalar=0.0)
-    shown_mean = emit("BlockGrad", emit("elemwise_add", stats[1], zero, name="stats_mean"),
-                      name="shown_mean")
-    offset = emit("BlockGrad", emit("elemwise_sub", shown_mean, mean, name="mean_offset"),
-                  name="mean_shift")
+    shift = emit("mean", stats[0], name="shift", axis=0)
     used_inv_std = value_of(emit("BlockGrad", stats[2], name="stats_inv_std"), inv_std,
                             "inv_std")
     scale = used_inv_std if fix_gamma else emit("elemwise_mul", gamma, used_inv_std,
                                                  name="scale")
-    shift = emit("elemwise_sub", beta, emit("elemwise_mul", offset, scale, name="mean_scale"),
-                 name="shift")
     out = emit("broadcast_add",
                emit("broadcast_mul", deviation,
                     emit("reshape", scale, name="scale_b", shape=broadcast), name="scaled"),
