@@ -142,12 +142,18 @@ class Trainer:
     def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         """One update of every shard with its gradient scaled by ``1 / batch_size``, as
         ``gluon.Trainer.step``; with several workers, the gradient summed over them first
-        (every worker must call it, with the same ``batch_size``). Waits for the backward
-        pass to finish first (needed when it ran through autograd: MXNet's threaded engine
-        can otherwise hang)."""
+        (every worker must call it, with the same ``batch_size``).
+
+        It does not wait for the backward pass: the sums across workers and the updates are
+        queued in MXNet's engine behind the gradients they read, so each gradient is sent
+        as soon as the backward pass has made it, while the rest of the pass runs. Only a
+        backward pass that autograd started (``loss.backward()``) and that has not reached
+        the executor yet is waited for (it runs on one of MXNet's engine threads: the
+        executor is not entered before it is done)."""
         batch_size = arguments.count(batch_size, "batch_size", example="trainer.step(x.shape[0])")
         ignore_stale_grad = arguments.flag(ignore_stale_grad, "ignore_stale_grad")
-        mx.nd.waitall()
+        if self.block._recorded or not self.block._fresh:
+            mx.nd.waitall()
         if not self.block._fresh:
             if ignore_stale_grad:       # as gluon.Trainer: a stale gradient is not applied
                 return

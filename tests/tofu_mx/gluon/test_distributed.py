@@ -174,3 +174,27 @@ def test_an_engine_serves_one_trainer_with_its_own_keys():
     assert engine.calls[-1] == ("all_reduce", keys)
     with pytest.raises(InvalidArgumentError, match="serves another tofu_mx Trainer"):
         tg.Trainer(pnet, "sgd", kvstore=engine)
+
+
+def test_the_trainer_sends_gradients_without_waiting_for_the_backward_pass(monkeypatch):
+    """After pnet.step, trainer.step queues the sums across workers at once (MXNet's engine
+    runs each once the backward pass has made its gradient); after an autograd forward whose
+    backward pass may not have reached the executor, it waits first."""
+    net = W.make_net(seed=0)
+    pnet = tg.partition(net, W.DEVICES, loss=W.LOSS, data=(W.B, W.FEATURES), label=(W.B,))
+    engine = _OneWorker()
+    trainer = tg.Trainer(pnet, "sgd", kvstore=engine)
+    x, y = (mx.nd.array(a, dtype="float64") for a in W.global_batch(0, 1))
+    waited = []
+    real = mx.nd.waitall
+    monkeypatch.setattr(mx.nd, "waitall", lambda: (waited.append(len(engine.calls)), real()))
+    pnet.step(x, y)
+    waited.clear()
+    trainer.step(W.B)
+    assert engine.calls[-1][0] == "all_reduce" and waited == []
+    with mx.autograd.record():
+        pnet(x, y)
+    waited.clear()
+    with pytest.raises(InvalidArgumentError, match="gradients have not been computed"):
+        trainer.step(W.B)       # recorded, no backward: it waits, then says so
+    assert waited == [len(engine.calls)]
