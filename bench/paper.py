@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tofu_mx  # noqa: E402,F401  (sets MXNet's environment before MXNet is imported)
 from tofu_mx import models, sim  # noqa: E402
 from tofu_mx.search import SearchOptions  # noqa: E402
+from tofu_mx.sim import FUSION_BYTES  # noqa: E402
 from tofu_mx.summary import format_bytes  # noqa: E402
 from benchlib import OUT, table, write_out  # noqa: E402
 
@@ -184,8 +185,9 @@ def why(rows) -> list[str]:
 def machines_table(rows, machine) -> list[str]:
     """The tofu plan of each model of :data:`PROJECTED` on 1 to 16 machines, and a reading."""
     out = ["| model | machines | GPUs | batch | gradients a machine all-reduces | step | "
-           "all-reduce | samples/s | x one machine | efficiency |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "all-reduce | of it after the backward pass | samples/s | x one machine | "
+           "efficiency |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     reading = []
     for model, _, results, _ in rows:
         if model.label not in PROJECTED:
@@ -197,15 +199,16 @@ def machines_table(rows, machine) -> list[str]:
                 f"| {model.label} | {g.num_machines} | {g.num_machines * machine.num_devices} | "
                 f"{g.num_machines * round(tofu.throughput * tofu.step_time)} | "
                 f"{format_bytes(g.gradient_bytes)} | {g.step_time:.3f} s | "
-                f"{g.all_reduce_time:.3f} s | {g.throughput:.1f} | "
+                f"{g.all_reduce_time:.3f} s | {g.exposed:.3f} s | {g.throughput:.1f} | "
                 f"{g.throughput / tofu.throughput:.2f} | {g.efficiency:.2f} |")
         best = max(got, key=lambda g: g.throughput)
         slower = [g.num_machines for g in got if g.throughput < tofu.throughput]
         reading.append(
             f"{model.label}'s one-machine step takes {tofu.step_time:.3f} s and all-reducing "
             f"its {format_bytes(got[-1].gradient_bytes)} of gradients "
-            f"{got[1].all_reduce_time:.3f} s on 2 machines, {got[-1].all_reduce_time:.3f} s "
-            f"on {got[-1].num_machines}: {best.num_machines} machines train "
+            f"{got[1].all_reduce_time:.3f} s on 2 machines ({got[1].exposed:.3f} s of it after "
+            f"the backward pass), {got[-1].all_reduce_time:.3f} s on {got[-1].num_machines} "
+            f"({got[-1].exposed:.3f} s after): {best.num_machines} machines train "
             f"{best.throughput / tofu.throughput:.2f}x as fast as one ({best.efficiency:.2f} "
             f"efficiency)" + (f", and {' and '.join(map(str, slower))} machines are "
                               f"slower than one" if slower else ""))
@@ -215,17 +218,18 @@ def machines_table(rows, machine) -> list[str]:
     return out + ["", f"Reading. Each machine runs Tofu's one-machine step on its own batch "
                       f"(the global batch grows with the machines), then each GPU all-reduces "
                       f"the gradients of the weights it holds with the same GPU of the other "
-                      f"machines, all {machine.num_devices} sharing the machine's network "
+                      f"machines as the backward pass completes them (in buckets of "
+                      f"{FUSION_BYTES // 2**20} MiB, as Horovod fuses them), all "
+                      f"{machine.num_devices} sharing the machine's network "
                       f"link ({network.bandwidth / 1e9:g} GB/s, {network.latency * 1e6:g} us a "
                       f"ring step). Each link carries 2(N-1)/N of the whole model's gradient "
                       f"bytes, whatever the plan inside the machine, so the all-reduce nears "
                       f"twice the model's bytes over the link's bandwidth as machines are "
-                      f"added, and nothing hides it behind the backward pass (the step is an "
-                      f"upper bound). "
+                      f"added; what the backward pass does not hide delays the step. "
                       + "; ".join(reading) + ". Data parallelism across machines pays back "
-                      "where a machine's step is long against its all-reduce: a model of tens "
-                      "of GiB of weights needs a faster network, the all-reduce overlapped "
-                      "with the backward pass, or a larger batch per machine."]
+                      "where a machine's backward pass is long against its all-reduce: a "
+                      "model of tens of GiB of weights needs a faster network or a larger "
+                      "batch per machine."]
 
 
 def plot(rows, machine, path_throughput: str, path_memory: str) -> None:
@@ -320,7 +324,8 @@ def machines_section(rows, machine, run: str = "") -> list[str]:
     return head + [
         f"{run + ' ' if run else ''}N machines {machine.name}, data-parallel across them over "
         f"each machine's network (see the machine's source above), Tofu's plan inside each "
-        f"(tofu_mx.sim.project_to_machines: the step, then the all-reduce, not overlapped). "
+        f"(tofu_mx.sim.project_to_machines: each gradient all-reduced once the backward pass "
+        f"completes it, in buckets). "
         f"\"x one machine\": samples/s against one machine's; \"efficiency\": against N "
         f"times one machine's.", "", *machines_table(rows, machine)]
 

@@ -14,24 +14,25 @@
 - :func:`place_operators`: the operator-placement alternative;
 - :func:`simulate` with the strategies :data:`STRATEGIES`;
 - :func:`project_to_machines`: a simulated step on ``N`` machines, data-parallel across
-  them over each machine's ``network`` link, the all-reduce after the step.
+  them over each machine's ``network`` link, each gradient all-reduced once the backward
+  pass completes it (in buckets, overlapping the rest of the backward pass).
 
 Not modelled: per-operator cost fits beyond one efficiency per operator (the calibration:
-bench/results/calibration.md), the operators' temporary workspace, the all-reduce across
-machines overlapping the backward pass.
+bench/results/calibration.md), the operators' temporary workspace.
 """
-from tofu_mx.sim.cluster import ClusterResult, project_to_machines
+from tofu_mx.sim.cluster import FUSION_BYTES, ClusterResult, project_to_machines
 from tofu_mx.sim.formulas import (compute_time, network_all_reduce_time, ring_all_reduce_time,
                                   swap_time, transfer_time)
 from tofu_mx.sim.machine import GB, GiB, PRESETS, Link, Machine, machine
 from tofu_mx.sim.memory import gradients_per_device, held_at_forward_end, peak_memory
 from tofu_mx.sim.placement import place_operators
-from tofu_mx.sim.schedule import Task, finish_times, step_tasks
+from tofu_mx.sim.schedule import Task, finish_times, gradients_ready, step_tasks
 from tofu_mx.sim.simulate import STRATEGIES, SimResult, partitioned_step, simulate
 from tofu_mx.sim.work import Work, operator_work
 
-__all__ = ["ClusterResult", "GB", "GiB", "Link", "Machine", "PRESETS", "STRATEGIES",
+__all__ = ["FUSION_BYTES", "ClusterResult", "GB", "GiB", "Link", "Machine", "PRESETS", "STRATEGIES",
            "SimResult", "Task", "Work", "compute_time", "finish_times", "gradients_per_device",
+           "gradients_ready",
            "held_at_forward_end", "machine", "network_all_reduce_time", "operator_work",
            "partitioned_step", "peak_memory", "place_operators", "project_to_machines",
            "ring_all_reduce_time", "simulate", "step_tasks", "swap_time", "transfer_time"]

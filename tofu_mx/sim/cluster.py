@@ -8,16 +8,23 @@ with the same device of the other machines, a ring over the ``N`` machines, ever
 a machine sharing that machine's ``network`` link
 (:func:`~tofu_mx.sim.formulas.network_all_reduce_time`)::
 
-    all_reduce = 2 (N - 1) (latency + sum_d gradient_bytes[d] / (N bandwidth))
-    step       = one machine's step + all_reduce
-    throughput = N batch / step
-    efficiency = throughput / (N one machine's throughput) = one machine's step / step
+    all_reduce(b) = 2 (N - 1) (latency + b / (N bandwidth))      for b bytes
+    throughput    = N batch / step
+    efficiency    = throughput / (N one machine's throughput) = one machine's step / step
 
-The all-reduce does not overlap the backward pass: it starts when the step ends, so the step
-is an upper bound (a framework that all-reduces each gradient as soon as it is summed hides
-part of it behind the backward pass). Not modelled: the all-reduce's traffic on the
+The all-reduce overlaps the backward pass: each weight's gradient is all-reduced once it is
+complete on its device (``SimResult.gradient_ready``, from the simulated schedule), the
+gradients fused in that order into buckets of :data:`FUSION_BYTES` (Horovod's tensor fusion;
+a bucket goes once its last gradient is ready, the last one at the end of the step), the
+buckets one after another over the network::
+
+    step = max(one machine's step, when the last bucket's all-reduce ends)
+
+A result without ready times (data parallelism and swapping end their step with their own
+all-reduce inside the machine) all-reduces after its step: ``step = one machine's step +
+all_reduce(sum_d gradient_bytes[d])``. Not modelled: the all-reduce's traffic on the
 machine's own links (the gradients reach the network adapters directly, as GPUDirect RDMA
-does), congestion in the network's switches, and stragglers.
+does), the optimizer's update, congestion in the network's switches, and stragglers.
 """
 from __future__ import annotations
 
@@ -30,6 +37,10 @@ from tofu_mx.sim.machine import Machine
 from tofu_mx.sim.simulate import SimResult
 
 
+#: the bytes of gradients all-reduced together (Horovod's default fusion threshold, 64 MiB)
+FUSION_BYTES = 64 * 2**20
+
+
 @dataclass(frozen=True)
 class ClusterResult:
     """One training step on ``num_machines`` machines (see the module's docstring)."""
@@ -39,9 +50,17 @@ class ClusterResult:
     num_machines: int
     step_time: float            # seconds: one machine's step, then the all-reduce
     throughput: float           # samples per second over all machines
-    all_reduce_time: float      # seconds of the all-reduce across machines
+    all_reduce_time: float      # seconds the network carries the all-reduce across machines
     efficiency: float           # throughput / (num_machines x one machine's throughput)
     gradient_bytes: int         # bytes each machine all-reduces (all its devices')
+    overlapped: bool = False    # all-reduced during the backward pass (as gradients are ready)
+
+    @property
+    def exposed(self) -> float:
+        """Seconds the step waits for the all-reduce after its own work (the all-reduce's
+        part not hidden behind the backward pass)."""
+        return self.step_time * (1.0 - self.efficiency)
+
 
 
 def project_to_machines(result: SimResult, machine: Machine, num_machines: int
@@ -72,12 +91,38 @@ def project_to_machines(result: SimResult, machine: Machine, num_machines: int
             f"a result of tofu_mx.sim.simulate(), or give gradient_bytes=(...) when building "
             f"one")
     nbytes = sum(result.gradient_bytes)
-    all_reduce = network_all_reduce_time(nbytes, machine, num_machines)
-    step = result.step_time + all_reduce
+    overlapped = bool(result.gradient_ready) and num_machines > 1
+    if overlapped:
+        end, all_reduce = _buckets(result.gradient_ready, machine, num_machines)
+        step = max(result.step_time, end)
+    else:
+        all_reduce = network_all_reduce_time(nbytes, machine, num_machines)
+        step = result.step_time + all_reduce
     speedup = result.step_time / step if step else 1.0   # exactly 1.0 without an all-reduce
     return ClusterResult(result.strategy, machine.name, num_machines, step,
                          num_machines * result.throughput * speedup, all_reduce, speedup,
-                         nbytes)
+                         nbytes, overlapped)
 
 
-__all__ = ["ClusterResult", "project_to_machines"]
+def _buckets(ready, machine: Machine, num_machines: int) -> tuple[float, float]:
+    """When the last bucket's all-reduce ends, and the seconds the network carries them all
+    (see the module's docstring)."""
+    free = busy = 0.0
+    bucket, last = 0, 0.0
+
+    def send(nbytes: int, at: float) -> None:
+        nonlocal free, busy
+        seconds = network_all_reduce_time(nbytes, machine, num_machines)
+        free, busy = max(free, at) + seconds, busy + seconds
+
+    for at, nbytes in ready:
+        bucket, last = bucket + nbytes, at
+        if bucket >= FUSION_BYTES:
+            send(bucket, last)
+            bucket = 0
+    if bucket:
+        send(bucket, last)
+    return free, busy
+
+
+__all__ = ["FUSION_BYTES", "ClusterResult", "project_to_machines"]

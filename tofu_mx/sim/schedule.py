@@ -49,12 +49,15 @@ BACKWARD_RATIO = 2.0
 @dataclass(frozen=True)
 class Task:
     """``seconds`` of work on ``resource`` (``("device", d)`` or ``("link", src, dst)``),
-    started once the tasks at positions ``after`` are done."""
+    started once the tasks at positions ``after`` are done. ``gradients``: the weights
+    (variable nodes) whose gradient on their own device is complete only once this task is
+    (a backward task on that device reading the weight, or a reader's sum sent there)."""
 
     name: str
     resource: tuple
     seconds: float
     after: tuple[int, ...] = ()
+    gradients: tuple[int, ...] = ()
 
 
 def finish_times(tasks: Sequence[Task]) -> list[float]:
@@ -193,8 +196,10 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
                                   gathered))
                 returned[(e, src)] = len(tasks) - 1
             after.append(returned[(e, src)])
+        weights = tuple(e.node for e in node.inputs if graph.nodes[e.node].kind == "param"
+                        and grads[(e.node, 0)] and device_of(e.node) == d)
         tasks.append(Task(f"d{node.name}", _processor(machine, d),
-                          timed(i)[1], tuple(sorted(set(after)))))
+                          timed(i)[1], tuple(sorted(set(after))), tuple(dict.fromkeys(weights))))
         back[i] = len(tasks) - 1
     for v, node in enumerate(graph.nodes):      # weights' gradients summed where read
         if node.kind != "param" or not grads[(v, 0)]:
@@ -208,8 +213,20 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
                 tasks.append(Task(f"d{node.name}<-{src}", _carrier(machine, src, device_of(v)),
                                   transfer_time(node.outputs[0].nbytes,
                                                 machine.link(src, device_of(v))),
-                                  tuple(gathered)))
+                                  tuple(gathered), (v,)))
     return tasks
+
+
+def gradients_ready(graph: Graph, tasks: Sequence[Task], done: Sequence[float]
+                    ) -> tuple[tuple[float, int], ...]:
+    """When each weight's gradient is complete on its device, with its bytes, in that order:
+    ``(seconds, bytes)`` per weight that gets a gradient (``done``: the tasks' finish times,
+    :func:`finish_times`)."""
+    ready: dict[int, float] = {}
+    for task, end in zip(tasks, done):
+        for v in task.gradients:
+            ready[v] = max(ready.get(v, 0.0), end)
+    return tuple(sorted((t, graph.nodes[v].outputs[0].nbytes) for v, t in ready.items()))
 
 
 def roofline_seconds(graph: Graph, i: int, machine: Machine) -> tuple[float, float]:

@@ -38,7 +38,10 @@ per device, is the summed weight gradient the device owns at the end of the step
 weights' gradients where weights are placed (``"ideal"``, ``"placement"``, the tofu plans:
 :func:`tofu_mx.sim.memory.gradients_per_device`), and an even ``1/k`` of the whole where
 every device holds every weight (``"data_parallel"``, ``"swap"``: the part the ring
-all-reduce's reduce-scatter leaves each device, before its all-gather).
+all-reduce's reduce-scatter leaves each device, before its all-gather). ``gradient_ready``
+says when, in the step's schedule, each weight's gradient is complete on its device (what
+``project_to_machines`` overlaps with the rest of the backward pass); empty for
+``"data_parallel"`` and ``"swap"``, whose steps end with their own all-reduce.
 """
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ from tofu_mx.sim.formulas import ring_all_reduce_time, swap_time
 from tofu_mx.sim.machine import Machine
 from tofu_mx.sim.memory import gradients_per_device, peak_memory
 from tofu_mx.sim.placement import place_operators
-from tofu_mx.sim.schedule import finish_times, step_tasks
+from tofu_mx.sim.schedule import finish_times, gradients_ready, step_tasks
 from tofu_mx.sim.work import operator_bytes
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph
@@ -82,6 +85,11 @@ class SimResult:
     busiest_device: float = 0.0     # seconds the busiest device computes in the step
     busiest_link: float = 0.0       # seconds the busiest link (one direction) carries
     gradient_bytes: tuple[int, ...] = ()   # summed weight gradient each device owns (above)
+    #: when each weight's gradient is complete on its device in the step, with its bytes
+    #: (``(seconds, bytes)``, in that order; empty where a whole-step all-reduce ends the
+    #: step: data parallelism, swapping): :func:`~tofu_mx.sim.project_to_machines` all-reduces
+    #: each across machines from then on
+    gradient_ready: tuple[tuple[float, int], ...] = ()
 
 
 def simulate(symbol: mx.sym.Symbol, machine: Machine, strategy: str = "tofu", *,
@@ -242,7 +250,8 @@ def _result(strategy: str, machine: Machine, graph: Graph, step: _Step, peak,
     fits = max(peak) <= machine.memory if fits is None else fits
     return SimResult(strategy, machine.name, fits, step.seconds,
                      _batch(graph) / step.seconds if step.seconds else math.inf, tuple(peak),
-                     note, step.busiest_device, step.busiest_link, gradients)
+                     note, step.busiest_device, step.busiest_link, gradients,
+                     step.gradient_ready)
 
 
 @dataclass(frozen=True)
@@ -250,9 +259,11 @@ class _Step:
     seconds: float
     busiest_device: float
     busiest_link: float
+    gradient_ready: tuple[tuple[float, int], ...] = ()
 
     def then_all_reduce(self, seconds: float) -> "_Step":
-        """This step, then an all-reduce of ``seconds`` over every link."""
+        """This step, then an all-reduce of ``seconds`` over every link (after which every
+        gradient is ready at once: no ``gradient_ready``)."""
         return _Step(self.seconds + seconds, self.busiest_device, self.busiest_link + seconds)
 
 
@@ -261,9 +272,11 @@ def _step_time(graph: Graph, device_of: Callable[[int], int], machine: Machine) 
     busy: dict[tuple, float] = {}
     for task in tasks:
         busy[task.resource] = busy.get(task.resource, 0.0) + task.seconds
-    return _Step(max(finish_times(tasks), default=0.0),
+    done = finish_times(tasks)
+    return _Step(max(done, default=0.0),
                  max((b for r, b in busy.items() if r[0] == "device"), default=0.0),
-                 max((b for r, b in busy.items() if r[0] == "link"), default=0.0))
+                 max((b for r, b in busy.items() if r[0] == "link"), default=0.0),
+                 gradients_ready(graph, tasks, done))
 
 
 def _batch(graph: Graph) -> int:

@@ -72,14 +72,62 @@ def test_each_strategy_reports_the_gradient_each_device_owns(mlp_results):
 
 
 def test_a_simulated_tofu_step_on_four_machines_by_hand(mlp_results):
-    """332 B a machine over a 1 GB/s, 2 us link: 2 * 3 steps of 2 us + 83 ns."""
+    """332 B a machine over a 1 GB/s, 2 us link: 2 * 3 steps of 2 us + 83 ns, in one bucket
+    sent once the last weight's gradient is complete."""
     machine, results = mlp_results
     tofu = results["tofu"]
     got = sim.project_to_machines(tofu, machine, 4)
     all_reduce = 2 * 3 * (2e-6 + 332 / 4 / 1e9)                    # 12.498 us
-    assert got.all_reduce_time == pytest.approx(all_reduce)
-    assert got.step_time == pytest.approx(tofu.step_time + all_reduce)
-    assert got.throughput == pytest.approx(4 * 4 / (tofu.step_time + all_reduce))
+    assert got.overlapped and got.all_reduce_time == pytest.approx(all_reduce)
+    last = max(t for t, _ in tofu.gradient_ready)
+    step = max(tofu.step_time, last + all_reduce)
+    assert got.step_time == pytest.approx(step)
+    assert got.throughput == pytest.approx(4 * 4 / step)
+    assert got.exposed == pytest.approx(step - tofu.step_time)
+
+
+def test_each_weights_gradient_is_ready_within_the_step(mlp_results):
+    """Tofu's and the ideal's steps say when each weight's gradient is complete (every weight
+    once, within the backward pass); data parallelism's ends with its own all-reduce."""
+    _, results = mlp_results
+    for name in ("ideal", "tofu"):
+        result = results[name]
+        assert sum(b for _, b in result.gradient_ready) == sum(result.gradient_bytes)
+        times = [t for t, _ in result.gradient_ready]
+        assert times == sorted(times) and 0 < times[0] and times[-1] <= result.step_time
+    assert results["data_parallel"].gradient_ready == ()
+
+
+def test_gradients_are_all_reduced_in_buckets_as_they_are_ready():
+    """40 MiB ready at 0.1, 0.2 and 0.3 s of a 0.5 s step, 2 machines: the first two fused
+    (80 MiB >= 64 MiB) and sent at 0.2 s, the last alone once the first bucket is done."""
+    machine = sim.machine("8xV100-16GB-PCIe")
+    mib = 2**20
+    stub = _stub(gradient_bytes=(120 * mib,), gradient_ready=(
+        (0.1, 40 * mib), (0.2, 40 * mib), (0.3, 40 * mib)))
+
+    def ring(nbytes):
+        return 2 * 1 * (5e-6 + nbytes / 2 / 10e9)
+    first = 0.2 + ring(80 * mib)                               # 0.2084 s
+    end = max(first, 0.3) + ring(40 * mib)                     # 0.3042 s
+    got = sim.project_to_machines(stub, machine, 2)
+    assert got.overlapped and got.step_time == pytest.approx(max(0.5, end)) == 0.5
+    assert got.all_reduce_time == pytest.approx(ring(80 * mib) + ring(40 * mib))
+    assert got.exposed == 0 and got.efficiency == 1.0          # hidden behind the backward
+    late = _stub(step_time=0.3, gradient_bytes=(120 * mib,), gradient_ready=(
+        (0.1, 40 * mib), (0.2, 40 * mib), (0.3, 40 * mib)))
+    got = sim.project_to_machines(late, machine, 2)
+    assert got.step_time == pytest.approx(end) and got.exposed == pytest.approx(end - 0.3)
+
+
+def test_overlapping_is_never_slower_than_all_reducing_after_the_step(mlp_results):
+    machine, results = mlp_results
+    tofu = results["tofu"]
+    for n in (2, 4, 16):
+        overlapped = sim.project_to_machines(tofu, machine, n)
+        after = sim.project_to_machines(dataclasses.replace(tofu, gradient_ready=()), machine, n)
+        assert not after.overlapped
+        assert tofu.step_time <= overlapped.step_time <= after.step_time
 
 
 def test_one_machine_is_exactly_the_simulated_step(mlp_results):
