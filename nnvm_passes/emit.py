@@ -11,6 +11,8 @@ VARIABLE   a variable ``<name>@dev<d>``
 SHARE      the operator, named ``<name>@dev<d>``, with the share's attributes
 SLICE      ``SliceChannel`` (equal pieces)
 SPLIT      ``_split_v2`` (pieces at offsets)
+           (either: ``slice_axis`` where one piece is read, which copies that piece only, as
+           a convolution's halo rows from its neighbour)
 STACK      ``_npi_concatenate`` (:data:`JOIN`) along a leading axis (all before it of
            size 1); else ``stack`` then ``Reshape``: MXNet's concatenation along an inner
            axis is about twice as slow (measured on CPU: 2 x (16, 256) float32 pieces
@@ -87,6 +89,13 @@ class _Emit:
         self.names: set[str] = set()
         self.counts: dict[str, int] = {}
         self.made: list[int] = []          # step -> the node giving its outputs
+        self.read: dict[int, set[int]] = {}      # step -> its outputs some step or head reads
+        for s in program.steps:
+            for r in s.inputs:
+                self.read.setdefault(r.step, set()).add(r.output)
+        for r in program.heads:
+            self.read.setdefault(r.step, set()).add(r.output)
+        self.single: set[int] = set()            # steps emitted as their one read output
         self.shares: dict[int, list[int]] = {}   # graph operator -> its shares' nodes
         self.shards: list[VarShard] = []         # the variables, as named
         self.alike: dict[tuple, tuple[int, bool]] = {}   # (operator, inputs, attributes) ->
@@ -101,7 +110,7 @@ class _Emit:
         return name
 
     def entry(self, ref: Ref) -> tuple[int, int]:
-        return self.made[ref.step], ref.output
+        return self.made[ref.step], 0 if ref.step in self.single else ref.output
 
     def add(self, op: str, base: str, attrs: Mapping[str, Any], inputs, step: Step,
             counted: bool = True, again: bool | None = None) -> int:
@@ -137,6 +146,15 @@ class _Emit:
             nid = self.add(step.op, step.name, step.attrs, ins, step)
             self.shares.setdefault(step.node, []).append(nid)
             return nid
+        if kind in (StepKind.SLICE, StepKind.SPLIT) and len(self.read.get(len(self.made),
+                                                                         ())) == 1:
+            (j,) = self.read[len(self.made)]      # one piece read: cut out that piece alone
+            starts = [sum(o.shape[step.axis] for o in step.outputs[:p])
+                      for p in range(len(step.outputs))]
+            self.single.add(len(self.made))
+            return self.add("slice_axis", derived, {
+                "axis": str(step.axis), "begin": str(starts[j]),
+                "end": str(starts[j] + step.outputs[j].shape[step.axis])}, ins, step)
         if kind is StepKind.SLICE:
             return self.add("SliceChannel", derived, {"num_outputs": str(step.parts),
                                                       "axis": str(step.axis)}, ins, step)

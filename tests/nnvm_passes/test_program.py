@@ -84,6 +84,29 @@ def test_pieces_are_joined_by_one_node_along_a_leading_axis_and_stacked_along_ot
         assert ops == ([op] if op != "stack" else ["stack", "Reshape"]), shape
 
 
+@pytest.mark.parametrize("kind", [StepKind.SPLIT, StepKind.SLICE])
+def test_a_cut_of_which_one_piece_is_read_copies_that_piece_alone(kind):
+    """A SPLIT or SLICE whose one piece is read (a convolution's halo rows) is one
+    slice_axis of that piece; with both read, one _split_v2 / SliceChannel of all."""
+    whole = ((0, 3), (0, 2))
+    shard = VarShard("data", "data", "data", 0, whole, "float64")
+    cut = dict(cuts=(0, 1)) if kind is StepKind.SPLIT else dict(parts=2)
+    rows = [(1, 3), (3, 3)] if kind is StepKind.SPLIT else [(2, 3), (2, 3)]
+    steps = (Step(StepKind.VARIABLE, 0, (), (Held((0, 0), (4, 3), "float64"),), None, "data",
+                  node=0, shard=shard),
+             Step(kind, 0, (Ref(0),), tuple(Held((0, 0), r, "float64") for r in rows), None,
+                  "@split0", axis=0, **cut))
+    x = np.random.RandomState(3).randn(4, 3)
+    pieces = np.split(x, [1]) if kind is StepKind.SPLIT else np.split(x, 2)
+    for heads, ops in [((Ref(1, 1),), ["slice_axis"]),
+                       ((Ref(1, 0), Ref(1, 1)), ["_split_v2" if kind is StepKind.SPLIT
+                                                 else "SliceChannel"])]:
+        program = Program(steps, heads, 1, {})
+        outs, result = run(program, {"data": x}, k=1)
+        assert [n["op"] for n in result.json["nodes"][1:]] == ops
+        assert all(np.array_equal(o, pieces[h.output]) for o, h in zip(outs, heads))
+
+
 def fc_program():
     """FullyConnected split on its reduction: each device reads half the input features and
     makes a partial sum of the whole output, stored in halves of its rows."""
