@@ -75,7 +75,11 @@ def convolution(attrs, data, weight, bias=None):
     stride, dilate = _spatial(attrs, "stride", n, 1), _spatial(attrs, "dilate", n, 1)
     pad = _spatial(attrs, "pad", n, 0)
     groups = int(attrs.get("num_group", 1))
-    in_per_group, out_per_group = data.shape[1] // groups, weight.shape[0] // groups
+    # per group from the attributes and the weight, not from the data's and weight's channel
+    # counts: below the search's first cut those are a part's (a depthwise convolution's
+    # half has half the channels, but as many groups in its attributes)
+    in_per_group = weight.shape[1]
+    out_per_group = int(attrs.get("num_filter", weight.shape[0])) // groups
     padded = data.padded(0.0)
     with_bias = bias is not None and not attrs.get("no_bias", False)
 
@@ -182,6 +186,7 @@ def describe_pooling(attrs, data, legacy=False):
     ({"kernel": (2, 2), "pool_type": "sum", "stride": (2, 2)}, [(1, 2, 4, 4)]),
     ({"global_pool": True, "kernel": (1, 1), "pool_type": "avg"}, [(2, 3, 3, 4)]),
     ({"global_pool": True, "kernel": (1, 1), "pool_type": "max"}, [(2, 3, 3, 4)]),
+    ({"global_pool": True, "kernel": (1, 1), "pool_type": "sum"}, [(2, 3, 3, 4)]),
     ({"kernel": (3,), "stride": (2,), "pool_type": "avg"}, [(2, 2, 7)]),
 ])
 def pooling(attrs, data):

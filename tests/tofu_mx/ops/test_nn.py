@@ -177,3 +177,22 @@ def test_layer_shares(sym, strategy, shapes):
 def test_float32_only_layers(sym, strategy, shape):
     """MXNet runs these in float32 only; their aux states (moving averages) are checked too."""
     verify(sym, 2, choose={"n": strategy}, dtypes=F32, data=shape)
+
+
+def test_a_depthwise_convolution_splits_its_channels_at_every_cut():
+    """Below the first cut the search sees half the channels with the original num_group:
+    the description takes its per-group sizes from the attributes and the weight, so the
+    second cut splits the channels too (it replicated the convolution, reading the other
+    half of the input, while it took them from the part's channel counts)."""
+    from tofu_mx.search.plan import plan_graph
+    from tofu_mx.tdl.annotate import import_graph
+    x = mx.sym.Convolution(mx.sym.var("data"), kernel=(3, 3), pad=(1, 1), num_filter=48,
+                           num_group=48, name="dw")
+    sym = mx.sym.MakeLoss(mx.sym.sum(x))
+    shapes = dict(data=(1, 48, 4, 4))
+    graph = import_graph(sym, dtypes={"data": "float64"}, **shapes)
+    plan = plan_graph(graph, 4)
+    (dw,) = [o for o in plan.ops if o.name == "dw"]
+    assert [str(s) for s in dw.strategies] == ["split co", "split co"]
+    _, report = partition_and_verify(sym, 4, **shapes)
+    assert report.ok

@@ -365,14 +365,16 @@ def test_a_share_that_cannot_run_at_its_last_cut_runs_that_cut_replicated():
 
 
 def test_the_search_is_repeated_with_an_unrunnable_share_kept_off():
-    """Grouped convolutions over 8 devices (found by the Gluon fuzzer, seed 2809): the
-    search's third cut splits a group, judged on its approximate view; searched again with
-    that strategy kept off, every share runs."""
+    """A GroupNorm over 4 devices (found by the Gluon fuzzer, seed 1626): a cut below the
+    first splits a group, judged on its approximate view; searched again with that strategy
+    kept off, every share runs. (The first case, grouped convolutions over 8 devices at
+    seed 2809, no longer arises: the description takes its per-group sizes from the
+    attributes, so its views split groups as the whole does.)"""
     from tests.tofu_mx.runtime.gluon_fuzz import random_net
     from tofu_mx.runtime.assign import assign
     from tofu_mx.runtime.partitioned import runnable_plan
     from tofu_mx.tdl.annotate import import_graph
-    sym, shapes, k, _, _ = random_net(2809)
+    sym, shapes, k, _, _ = random_net(1626)
     graph = lower_graph(import_graph(sym, dtypes=float64(shapes), **shapes), k)
     first = [i for i, a in assign(graph, plan_graph(graph, k)).ops.items() if a.unrunnable]
     again, assignment = runnable_plan(graph, k, SearchOptions())
