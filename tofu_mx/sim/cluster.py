@@ -15,8 +15,8 @@ a machine sharing that machine's ``network`` link
 The all-reduce overlaps the backward pass: each weight's gradient is all-reduced once it is
 complete on its device (``SimResult.gradient_ready``, from the simulated schedule), the
 gradients fused in that order into buckets of :data:`FUSION_BYTES` (Horovod's tensor fusion;
-a bucket goes once its last gradient is ready, the last one at the end of the step), the
-buckets one after another over the network::
+a bucket goes once its last gradient is ready, the last, smaller one once the last gradient
+is), the buckets one after another over the network::
 
     step = max(one machine's step, when the last bucket's all-reduce ends)
 
@@ -48,7 +48,7 @@ class ClusterResult:
     strategy: str               # the strategy inside each machine
     machine: str                # the machine's name
     num_machines: int
-    step_time: float            # seconds: one machine's step, then the all-reduce
+    step_time: float            # seconds: one machine's step and the all-reduce's exposed part
     throughput: float           # samples per second over all machines
     all_reduce_time: float      # seconds the network carries the all-reduce across machines
     efficiency: float           # throughput / (num_machines x one machine's throughput)
@@ -60,7 +60,6 @@ class ClusterResult:
         """Seconds the step waits for the all-reduce after its own work (the all-reduce's
         part not hidden behind the backward pass)."""
         return self.step_time * (1.0 - self.efficiency)
-
 
 
 def project_to_machines(result: SimResult, machine: Machine, num_machines: int
