@@ -375,9 +375,11 @@ def group_norm(attrs, data, gamma, beta):
     channels and the spatial axes. In MXNet 1.9.1 gamma and beta have one entry per *group*
     (not per channel). With ``output_mean_var`` the mean and the standard deviation
     sqrt(var + eps) are outputs too, shaped (batch, groups)."""
-    groups = int(attrs.get("num_groups", 1))
     eps = float(attrs.get("eps", 1e-5))
-    per_group = data.shape[1] // groups
+    # channels per group from gamma (one entry per group), not from num_groups: below the
+    # search's first cut the view holds a part's channels and groups, with the original
+    # attributes (as Convolution's per-group sizes)
+    per_group = data.shape[1] // gamma.shape[0]
     spatial = data.shape[2:]
 
     def read(kept, free):
