@@ -112,8 +112,8 @@ class Shard:
     its output ``j`` is input 0's region ``views[j]`` (a box), cut and joined by the rewrite
     (a SliceChannel share holding parts of several pieces). ``also_runs`` (with ``views``):
     the operator with ``attrs`` computes the share too, from the box of input 0 covering the
-    views (a SliceChannel share holding whole pieces); the rewrite then takes whichever
-    converts less (:meth:`nnvm_passes.program._Route.instance`)."""
+    views (a SliceChannel share holding whole pieces); the rewrite reads the views where they
+    lie in different stored boxes of the input (:meth:`nnvm_passes.program._Route.apart`)."""
 
     attrs: Mapping[str, Any] = field(default_factory=dict)
     padded: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
