@@ -89,12 +89,7 @@ class _Emit:
         self.names: set[str] = set()
         self.counts: dict[str, int] = {}
         self.made: list[int] = []          # step -> the node giving its outputs
-        self.read: dict[int, set[int]] = {}      # step -> its outputs some step or head reads
-        for s in program.steps:
-            for r in s.inputs:
-                self.read.setdefault(r.step, set()).add(r.output)
-        for r in program.heads:
-            self.read.setdefault(r.step, set()).add(r.output)
+        self.read = program.outputs_read()       # step -> its outputs that are read
         self.single: set[int] = set()            # steps emitted as their one read output
         self.shares: dict[int, list[int]] = {}   # graph operator -> its shares' nodes
         self.shards: list[VarShard] = []         # the variables, as named
@@ -146,15 +141,14 @@ class _Emit:
             nid = self.add(step.op, step.name, step.attrs, ins, step)
             self.shares.setdefault(step.node, []).append(nid)
             return nid
-        if kind in (StepKind.SLICE, StepKind.SPLIT) and len(self.read.get(len(self.made),
-                                                                         ())) == 1:
-            (j,) = self.read[len(self.made)]      # one piece read: cut out that piece alone
-            starts = [sum(o.shape[step.axis] for o in step.outputs[:p])
-                      for p in range(len(step.outputs))]
-            self.single.add(len(self.made))
+        position = len(self.made)                # this step's, in the Program
+        if kind in (StepKind.SLICE, StepKind.SPLIT) and len(self.read.get(position, ())) == 1:
+            (j,) = self.read[position]            # one piece read: cut out that piece alone
+            begin = sum(o.shape[step.axis] for o in step.outputs[:j])
+            self.single.add(position)
             return self.add("slice_axis", derived, {
-                "axis": str(step.axis), "begin": str(starts[j]),
-                "end": str(starts[j] + step.outputs[j].shape[step.axis])}, ins, step)
+                "axis": str(step.axis), "begin": str(begin),
+                "end": str(begin + step.outputs[j].shape[step.axis])}, ins, step)
         if kind is StepKind.SLICE:
             return self.add("SliceChannel", derived, {"num_outputs": str(step.parts),
                                                       "axis": str(step.axis)}, ins, step)

@@ -225,6 +225,15 @@ class Program:
                                     step.read_account(pos)))
         return out
 
+    def outputs_read(self) -> dict[int, set[int]]:
+        """Step -> the positions of its outputs some step or the graph's outputs read."""
+        out: dict[int, set[int]] = {}
+        for ref in (r for step in self.steps for r in step.inputs):
+            out.setdefault(ref.step, set()).add(ref.output)
+        for ref in self.heads:
+            out.setdefault(ref.step, set()).add(ref.output)
+        return out
+
     def steps_per_device(self) -> list[dict[StepKind, int]]:
         """Steps of each kind on each device."""
         out: list[dict[StepKind, int]] = [{} for _ in range(self.num_devices)]

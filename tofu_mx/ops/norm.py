@@ -76,7 +76,7 @@ def lower_batch_norm(emit, attrs, shapes, data, gamma, beta, moving_mean, moving
     def channel_sum(x, name):
         if not spatial:
             return emit("sum", x, name=name, axis=reduced)
-        return emit("sum", emit("sum", x, name=f"{name}_spatial", axis=reduced[1:]),
+        return emit("sum", emit("sum", x, name=f"{name}_spatial", axis=tuple(range(2, ndim))),
                     name=name, axis=0)
     mean = emit("_div_scalar", channel_sum(data, "sum"), name="mean", scalar=count)
     deviation = emit("broadcast_sub", data, emit("reshape", mean, name="mean_b",
