@@ -108,7 +108,8 @@ def throughput_table(rows) -> list[str]:
 
 def _kept(note: str) -> str:
     """The chosen candidate in a word or two."""
-    return "keeps" if "kept" in note else "fetches again" if "again" in note else note
+    how = "keeps" if "kept" in note else "fetches again" if "again" in note else note
+    return f"{how}, once per group" if "sent to the group once" in note else how
 
 
 def _versus(results, strategy: str = "tofu") -> str:
@@ -345,7 +346,10 @@ def report(rows, machine, elapsed: float) -> str:
         "the default does not fit. \"tofu, machine=\": the plan `partition(..., "
         "machine=...)` chooses by this simulator's step time among the fewest-bytes plans "
         "fetching converted inputs again for the backward pass (the default) and keeping "
-        "them, the fastest that fits (\"its plan\": which).", "",
+        "them, each routed as it is and through the machine's two PCIe switches (\"once "
+        "per group\": a value several devices of a switch read crosses the host bridge "
+        "once, to one of them, which passes it on), the fastest that fits (\"its plan\": "
+        "which).", "",
         "## Peak memory per device", "",
         *memory_table(rows, machine), "",
         "## The largest model each strategy trains", "",

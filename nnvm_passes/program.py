@@ -651,10 +651,14 @@ class _Route:
         return heads
 
 
-def route(graph: Graph, assignment: Any, cap: int | None = None) -> Program:
+def route(graph: Graph, assignment: Any, cap: int | None = None,
+          group_size: int = 0) -> Program:
     """The :class:`Program` of ``assignment`` over ``graph`` (see the module docstring),
     its gradient sums of ``cap`` pieces or more made where MXNet's in-place sums are right
-    (:func:`bounded_reads`; ``cap``: MXNet's, :func:`inplace_sum_cap`, by default)."""
+    (:func:`bounded_reads`; ``cap``: MXNet's, :func:`inplace_sum_cap`, by default).
+    ``group_size``: devices ``0 .. group_size - 1``, then the next ``group_size``, ... share
+    a link to the other groups (a PCIe switch's): a value several devices of one group read
+    from another group crosses once (:func:`relayed_reads`); 0: every reader fetches it."""
     # routing recurses from the outputs to the inputs, a few frames per operator: a deep
     # network (WResNet-152: about a thousand operators in a chain) needs more than Python's
     # default limit of 1,000 frames
@@ -664,6 +668,8 @@ def route(graph: Graph, assignment: Any, cap: int | None = None) -> Program:
         program = _Route(graph, assignment).run()
     finally:
         sys.setrecursionlimit(limit)
+    if group_size:
+        program = relayed_reads(program, group_size)
     cap = inplace_sum_cap() if cap is None else cap
     if cap < 3:
         raise TofuError(f"MXNET_EXEC_INPLACE_GRAD_SUM_CAP={cap}: MXNet then adds even two "
@@ -671,6 +677,98 @@ def route(graph: Graph, assignment: Any, cap: int | None = None) -> Program:
                         f"partitioned graph needs 3 or more (unset it for MXNet's default, 8)")
     return bounded_reads(program, cap, lambda step: step.kind is StepKind.SHARE and not
                          passes_gradient_through(graph.nodes[step.node], graph))
+
+
+def relayed_reads(program: Program, group_size: int) -> Program:
+    """``program`` with each value that two or more devices of one group (devices ``g *
+    group_size`` to ``(g + 1) * group_size - 1``) read from a device of another group sent
+    to that group once: to a :attr:`StepKind.RELAY` on one of the reading devices (the one
+    at the holder's position in its group where it reads, else the first), which the
+    group's readers read; their gradients cross back once too. The bytes crossing between
+    groups, where groups share one link to the others (a PCIe switch's uplink), fall by up
+    to ``group_size`` times for values every device reads whole (a weight split at the
+    first cut and gathered at the next); the copies within the group and the relay's
+    ``_copy`` are added. A value's SENDs (one per reading device, see
+    :meth:`_Route.send`) to the group's devices become the gateway's SEND alone."""
+    steps = program.steps
+    if group_size <= 0 or program.num_devices <= group_size:
+        return program
+    reads: dict[Ref, list[tuple[int, int]]] = {}
+    for s, step in enumerate(steps):
+        for pos, ref in enumerate(step.inputs):
+            reads.setdefault(ref, []).append((s, pos))
+    moved: dict[tuple[int, int], int] = {}      # (step, position) -> relay (index in relays)
+    relays: list[tuple[Ref, int, Account | None, bool, str]] = []  # (reads, device, ...)
+    dropped: set[int] = set()                   # SENDs whose readers read a relay now
+    retarget: dict[int, int] = {}               # a SEND kept -> the gateway it goes to
+
+    def gateway(src: int, devices) -> int:
+        mirror = devices[0] // group_size * group_size + src % group_size
+        return mirror if mirror in devices else min(devices)
+
+    def relay(source: Ref, device: int, group_reads: list[tuple[int, int]], again: bool):
+        first = steps[min(group_reads)[0]]
+        relays.append((source, device, first.read_account(min(group_reads)[1]), again,
+                       f"@relay{len(relays)}"))
+        moved.update({read: len(relays) - 1 for read in group_reads})
+
+    sends: dict[tuple[Ref, bool], list[int]] = {}
+    for s, step in enumerate(steps):
+        if step.kind is StepKind.SEND:
+            sends.setdefault((step.inputs[0], step.again), []).append(s)
+    for (_, again), group in sends.items():
+        src = steps[group[0]].device
+        by_group: dict[int, list[int]] = {}
+        for s in group:
+            if steps[s].to // group_size != src // group_size:
+                by_group.setdefault(steps[s].to // group_size, []).append(s)
+        for members in by_group.values():
+            if len(members) < 2:
+                continue
+            # the first SEND stays (its readers come after it), now to the gateway
+            gate, device = members[0], gateway(src, sorted(steps[s].to for s in members))
+            retarget[gate] = device
+            relay(Ref(gate), device, [r for s in members for r in reads.get(Ref(s), ())],
+                  again)
+            dropped.update(members[1:])
+    for ref, readers in reads.items():
+        if steps[ref.step].kind is StepKind.SEND:
+            continue
+        src = steps[ref.step].device
+        by_group: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+        for read in readers:
+            d = steps[read[0]].device
+            if d // group_size != src // group_size:
+                by_group.setdefault((d // group_size, steps[read[0]].again), []).append(read)
+        for (_, again), group_reads in by_group.items():
+            devices = sorted({steps[s].device for s, _ in group_reads})
+            if len(devices) >= 2:
+                relay(ref, gateway(src, devices), group_reads, again)
+    if not relays:
+        return program
+    after: dict[int, list[int]] = {}            # step -> the relays reading it
+    for r, (source, *_rest) in enumerate(relays):
+        after.setdefault(source.step, []).append(r)
+    new: list[Step] = []
+    at: dict[int, int] = {}                     # old step -> new step
+    made: dict[int, Ref] = {}                   # relay -> its step (new)
+    for s, step in enumerate(steps):
+        if s in dropped:
+            continue
+        inputs = tuple(made[moved[s, pos]] if (s, pos) in moved else Ref(at[r.step], r.output)
+                       for pos, r in enumerate(step.inputs))
+        if s in retarget:
+            step = dataclasses.replace(step, to=retarget[s], name=f"@to{retarget[s]}")
+        new.append(dataclasses.replace(step, inputs=inputs) if inputs != step.inputs
+                   else step)
+        at[s] = len(new) - 1
+        for r in after.get(s, ()):
+            source, device, account, again, name = relays[r]
+            new.append(Step(StepKind.RELAY, device, (Ref(at[s], source.output),),
+                            (step.outputs[source.output],), account, name, again=again))
+            made[r] = Ref(len(new) - 1)
+    return Program(tuple(new), tuple(Ref(at[r.step], r.output) for r in program.heads),
+                   program.num_devices, program.placement)
 
 
 #: MXNet 1.9.1's MXNET_EXEC_INPLACE_GRAD_SUM_CAP when the variable is not set

@@ -61,6 +61,9 @@ class Candidate:
     step: float                # predicted seconds per training step
     peak: int                  # the busiest device's predicted peak memory, bytes
     fits: bool                 # every device's peak within the machine's memory
+    refetch: bool = True       # converted inputs fetched again for the backward pass
+    group_size: int = 0        # values crossing to a group of this many devices cross once
+    #                            (nnvm_passes.program.relayed_reads); 0: to each reader
 
 
 @dataclass(frozen=True)
@@ -475,8 +478,10 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     ``machine``: a :class:`tofu_mx.sim.Machine` or a preset's name (``"8xV100-16GB-PCIe"``)
     with at least as many devices as ``ctx``: the plan is chosen by the simulator's step time
     on it (:func:`choose_by_step_time`) among the fewest-bytes plans fetching converted inputs
-    again for the backward pass and keeping them, the fastest whose peak memory fits the
-    machine's; :attr:`PartitionedSymbol.machine_choice` and ``report()`` say which and why.
+    again for the backward pass and keeping them, each also routed through the machine's
+    device groups where ``ctx`` spans several (a value several devices of a group read
+    crosses to the group once), the fastest whose peak memory fits the machine's;
+    :attr:`PartitionedSymbol.machine_choice` and ``report()`` say which and why.
     Without it, the plan moving the fewest bytes (given ``options``).
     """
     check = arguments.flag(check, "check")
@@ -534,7 +539,11 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
     (:func:`tofu_mx.sim.partitioned_step`, ``options.optimizer_state``); the fastest whose
     every device's peak fits the machine's memory, else the one needing the least. Re-fetching
     moves more bytes and re-runs shares but holds less; keeping holds more and runs fewer
-    operators."""
+    operators. Where ``ctx`` spans more than one of the machine's device groups (PCIe
+    switches, NVLink quads), each plan is weighed routed both ways: every reader fetching
+    from the holder, and each value several devices of a group read sent to the group once
+    (:func:`nnvm_passes.program.relayed_reads`: fewer bytes over the links between groups,
+    a copy more within the group)."""
     from tofu_mx import sim
     contexts = check_contexts(ctx)
     if isinstance(machine, str):
@@ -549,6 +558,7 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
                                    f"choose a machine with at least {len(contexts)}")
     options = SearchOptions.of(options)
     weighed, errors = [], []
+    groups = machine.group_size if machine.group_size < len(contexts) else 0
     for label, refetch in STEP_TIME_CANDIDATES:
         try:
             ptd = _partition(symbol, contexts, memory_budget,
@@ -557,15 +567,37 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
         except NoFeasiblePlanError as e:
             errors.append(e)
             continue
-        step, peaks = sim.partitioned_step(ptd, machine, options.optimizer_state)
-        weighed.append((Candidate(label, step, max(peaks), max(peaks) <= machine.memory),
-                        ptd))
+        routed = [(label, 0, ptd)]
+        if groups:
+            routed.append((f"{label}; {RELAYED.format(groups)}", groups,
+                           _routed(ptd, symbol, contexts, groups)))
+        for text, group_size, built in routed:
+            step, peaks = sim.partitioned_step(built, machine, options.optimizer_state)
+            weighed.append((Candidate(text, step, max(peaks), max(peaks) <= machine.memory,
+                                      refetch, group_size), built))
     if not weighed:
         raise min(errors, key=lambda e: e.footprint)
     weighed.sort(key=lambda c: (not c[0].fits, c[0].step if c[0].fits else c[0].peak))
     chosen, ptd = weighed[0]
     ptd.machine_choice = MachineChoice(machine.name, chosen, tuple(c for c, _ in weighed))
     return ptd
+
+
+#: how a candidate of ``partition(machine=...)`` routed through the machine's device groups
+#: is described (its group size)
+RELAYED = "each value several devices of a group of {} read sent to the group once"
+
+
+def _routed(ptd: PartitionedSymbol, symbol: mx.sym.Symbol, contexts: Sequence[mx.Context],
+            group_size: int) -> PartitionedSymbol:
+    """``ptd``'s plan routed with each value that several devices of one group of
+    ``group_size`` read from another group sent to that group once
+    (:func:`nnvm_passes.program.relayed_reads`)."""
+    program = route(ptd.graph, ptd.assignment, group_size=group_size)
+    with warnings.catch_warnings():       # ptd's rewrite warned of its fallbacks already
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _rewritten(symbol, ptd.graph, ptd.plan, ptd.assignment, contexts,
+                          program=program)
 
 
 #: searches again, at most, when operators' composed shares cannot run

@@ -88,3 +88,21 @@ def test_the_simulator_runs_the_chosen_plan():
     assert chosen.fits and default.fits
     assert chosen.step_time <= default.step_time
     assert chosen.note in dict(STEP_TIME_CANDIDATES)
+
+
+def test_plans_are_weighed_routed_through_the_machines_groups():
+    """Over 8 devices of two PCIe switches of 4, each plan is weighed as routed and with each
+    value several devices of a switch read sent to the switch once: four candidates, the
+    fastest chosen, and the relayed ones computing the same as one device."""
+    sym, shapes = lstm()
+    ptd = weighed(V100, k=8)
+    choice = ptd.machine_choice
+    assert len(choice.candidates) == 2 * len(STEP_TIME_CANDIDATES)
+    assert sorted(c.group_size for c in choice.candidates) == [0, 0, 4, 4]
+    assert choice.chosen.step == min(c.step for c in choice.candidates)
+    relayed = [c for c in choice.candidates if c.group_size]
+    assert all("sent to the group once" in c.label for c in relayed)
+    if choice.chosen.group_size:
+        assert any(s.kind.value == "relay" for s in ptd.program.steps)
+    report = tofu_mx.verify(sym, ptd, ctx(8), rtol=1e-4, atol=1e-5, **shapes)
+    assert report.ok, report
