@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (verifier, drawer):
         command.add_argument("--machine", default=None, choices=sorted(PRESETS),
                              help="choose the plan by the simulator's step time on this "
-                                  "machine (fetching converted inputs again or keeping them: "
+                                  "machine (fetching converted inputs again or keeping them, "
+                                  "each routed through the machine's device groups or not: "
                                   "the fastest that fits); default: the fewest bytes moved")
     _partition_arguments(drawer, "4", "devices to plan for (only their number matters)")
     drawer.add_argument("--output", "-o", required=True,

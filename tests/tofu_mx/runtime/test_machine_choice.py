@@ -2,6 +2,7 @@
 among the fewest-bytes plans fetching converted inputs again and keeping them (issue 41,
 item 3, first step)."""
 import dataclasses
+import warnings
 
 import mxnet as mx
 import pytest
@@ -11,6 +12,8 @@ from tofu_mx import models, sim
 from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.runtime.partitioned import STEP_TIME_CANDIDATES
 from tofu_mx.search import SearchOptions
+from tests.tofu_mx.runtime.helpers import float64
+from tests.tofu_mx.runtime.test_partition_models import BUILDERS, ZOO, batch_for, zoo_symbol
 
 V100 = "8xV100-16GB-PCIe"
 
@@ -106,3 +109,31 @@ def test_plans_are_weighed_routed_through_the_machines_groups():
         assert any(s.kind.value == "relay" for s in ptd.program.steps)
     report = tofu_mx.verify(sym, ptd, ctx(8), rtol=1e-4, atol=1e-5, **shapes)
     assert report.ok, report
+
+
+def chosen_and_verified(sym, k, dtypes, shapes):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ptd = tofu_mx.partition(sym, ctx(k), machine=V100, dtypes=dtypes, **shapes)
+    report = tofu_mx.verify(sym, ptd, ctx(k), rtol=1e-4, atol=1e-5, dtypes=dtypes, **shapes)
+    assert report.ok, report
+    assert len(ptd.machine_choice.candidates) == 2 * len(STEP_TIME_CANDIDATES)
+    return ptd
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_the_builders_at_8(name):
+    """On the 8 devices of two PCIe switches, the plan chosen for each builder computes what
+    one device does (the WResNet in float64; the language models in float32, as in
+    test_partition_models)."""
+    sym, shapes = BUILDERS[name](batch_for(8))
+    chosen_and_verified(sym, 8, float64(shapes) if name == "wresnet" else {}, shapes)
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=() if name in ("resnet18_v1", "mobilenet1.0") else
+                 pytest.mark.slow) for name in ZOO])
+def test_the_zoo_at_8(name):
+    size, b = ZOO[name], batch_for(8)
+    shapes = {"data": (b, 3, size, size), "softmax_label": (b,)}
+    chosen_and_verified(zoo_symbol(name), 8, float64(shapes), shapes)

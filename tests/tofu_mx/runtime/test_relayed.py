@@ -18,6 +18,7 @@ from tofu_mx.search.baselines import baseline_plan
 from tofu_mx.search.plan import lower_graph
 from tests.tofu_mx.runtime.helpers import float64
 from tests.tofu_mx.runtime.test_fuzz import random_graph
+from tests.tofu_mx.runtime.test_partition_models import ZOO, zoo_symbol
 
 
 def relayed_verify(sym, k, group_size, options=None, policy=None, dtypes=None, **shapes):
@@ -126,3 +127,13 @@ def test_nothing_changes_within_one_group():
         ptd = tofu_mx.partition(sym, ctx, **shapes)
         same = _routed(ptd, sym, ctx, 4)
     assert same.program == ptd.program
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=() if name in ("squeezenet1.0", "densenet121") else
+                 pytest.mark.slow) for name in ZOO])
+def test_the_zoo(name):
+    size = ZOO[name]
+    shapes = {"data": (12, 3, size, size), "softmax_label": (12,)}
+    _, report = relayed_verify(zoo_symbol(name), 4, 2, **shapes)
+    assert report.ok, report     # (resnet18_v1's plan has no value two devices of a group read)
