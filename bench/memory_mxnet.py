@@ -53,10 +53,13 @@ k, trace = int(sys.argv[1]), sys.argv[2]
 sym, shapes = {model}, {shapes}
 mx.profiler.set_config(profile_memory=True, profile_symbolic=False,
                        profile_imperative=False, aggregate_stats=False, filename=trace)
-accounted = None
+accounted = predicted = None
 if k:
     ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
     accounted = [m.total for m in ptd.memory_per_device()]
+    from tofu_mx.sim.memory import peak_memory
+    from tofu_mx.sim.simulate import _shard_devices
+    predicted = list(peak_memory(*_shard_devices(ptd), k))
     names = {{n.name for n in ptd.graph.variables("param")}}
     mx.profiler.set_state("run")
     exe = ptd.simple_bind(grad_req={{n: "write" if n in names else "null"
@@ -76,7 +79,7 @@ exe.backward()
 mx.nd.waitall()
 mx.profiler.set_state("stop")
 mx.profiler.dump()
-print(json.dumps({{"accounted": accounted}}))
+print(json.dumps({{"accounted": accounted, "predicted": predicted}}))
 """
 
 
@@ -100,8 +103,10 @@ def device_names(k: int) -> list[str]:
     return [f"cpu/{i}" if i < procs else extra[i - procs] for i in range(k)]
 
 
-def measure(model: str, shapes: str, k: int) -> tuple[list[int], list[int] | None]:
-    """(MXNet's peak per device, the accounted bytes per device) of one child run."""
+def measure(model: str, shapes: str, k: int
+            ) -> tuple[list[int], list[int] | None, list[int] | None]:
+    """(MXNet's peak per device, the accounted bytes per device, the simulator's peak per
+    device) of one child run."""
     with tempfile.TemporaryDirectory() as folder:
         trace = os.path.join(folder, "trace.json")
         code = CHILD.format(model=model, shapes=shapes)
@@ -110,10 +115,10 @@ def measure(model: str, shapes: str, k: int) -> tuple[list[int], list[int] | Non
         env.pop("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", None)     # MXNet's default in both
         done = subprocess.run([sys.executable, "-c", code, str(k), trace], env=env,
                               capture_output=True, text=True, check=True)
-        accounted = json.loads(done.stdout.strip().splitlines()[-1])["accounted"]
+        said = json.loads(done.stdout.strip().splitlines()[-1])
         found = peaks(trace)
     names = device_names(max(k, 1))
-    return [found.get(n, 0) for n in names], accounted
+    return [found.get(n, 0) for n in names], said["accounted"], said["predicted"]
 
 
 def main():
@@ -122,19 +127,20 @@ def main():
     counts = [k for k in (2, 4) if k <= procs + 2]
     rows = []
     for label, model, shapes in CASES[:1] if quick else CASES:
-        (one,), _ = measure(model, shapes, 0)
+        (one,), _, _ = measure(model, shapes, 0)
         for k in counts:
-            got, accounted = measure(model, shapes, k)
+            got, accounted, predicted = measure(model, shapes, k)
             ideal = one / k
             busiest = max(range(k), key=lambda d: got[d])
             row = [label, k, f"{one / 2**20:.1f}", " / ".join(f"{g / 2**20:.1f}" for g in got),
                    f"{got[busiest] / ideal:.2f}", f"{max(accounted) / ideal:.2f}",
-                   f"{got[busiest] / accounted[busiest]:.2f}"]
+                   f"{got[busiest] / accounted[busiest]:.2f}",
+                   f"{got[busiest] / predicted[busiest]:.2f}"]
             rows.append(row)
             print(" | ".join(map(str, row)), flush=True)
     head = ["model", "k", "one device, MiB", "MXNet's peak per device, MiB",
             "busiest / ideal (MXNet)", "busiest / ideal (accounted)",
-            "MXNet / accounted (busiest)"]
+            "MXNet / accounted (busiest)", "MXNet / simulated peak (busiest)"]
     text = table(head, rows)
     write_out("memory_mxnet.md", text + "\n")
     print(text)
