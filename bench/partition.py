@@ -16,7 +16,9 @@
     against the unpartitioned graph on cpu(0), measured side by side in one run (each round
     runs every executor once; medians of 31 rounds). Also the time with groups on
     cpu(0..k-1): each CPU device has its own engine thread on the same 2 cores, so this is
-    NOT a model of GPU communication. Two sizes of each model: k shares of an operator pay
+    NOT a model of GPU communication. And the plan ``partition(machine=...)`` chooses by
+    the simulator's step time on this machine (the fitted ``"cpu"`` preset, k devices
+    sharing its cores), all on cpu(0). Two sizes of each model: k shares of an operator pay
     its fixed cost per call k times (plus the conversions' calls), which weighs on small
     operators; the operator-node counts show how many calls each graph makes, and the
     busiest device's count (``PartitionedSymbol.operators_per_device()``: its group's nodes
@@ -30,6 +32,7 @@ Prints markdown tables; writes bench/out/partition.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -46,7 +49,7 @@ import numpy as np  # noqa: E402
 import tofu_mx  # noqa: E402
 from benchlib import table, write_out  # noqa: E402
 from nnvm_passes.importer import import_symbol  # noqa: E402
-from tofu_mx import models  # noqa: E402
+from tofu_mx import models, sim  # noqa: E402
 from tofu_mx.runtime.partitioned import apply_plan  # noqa: E402
 from tofu_mx.search.plan import SearchOptions, plan_graph  # noqa: E402
 from tofu_mx.summary import format_bytes  # noqa: E402
@@ -158,27 +161,42 @@ def overhead_rows(cases, repeats: int):
         req = {n: "write" if n in params else "null" for n in sym.list_arguments()}
         ref = sym.simple_bind(mx.cpu(0), grad_req=req, **shapes)
         fill(ref)
-        exes, nodes, busiest = [ref], [operator_nodes(sym)], []
+        exes, nodes, busiest, chosen = [ref], [operator_nodes(sym)], [], []
         for k in (2, 4):
             ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
             nodes.append(operator_nodes(ptd.symbol))
             busiest.append(max(ptd.operators_per_device()))
-            shard_req = {s.name: req[s.source] for s in ptd.shards if s.kind != "aux"}
-            one = ptd.symbol.simple_bind(mx.cpu(0), grad_req=shard_req,
-                                         group2ctx={g: mx.cpu(0) for g in ptd.group2ctx},
-                                         **ptd.shard_shapes)
-            fill(one)
             many = ptd.simple_bind(grad_req=req)
             fill(many)
-            exes += [one, many]
+            # the plan chosen by the simulator's step time on this machine (its fitted
+            # preset, k devices sharing the cores), all on cpu(0) too
+            here = dataclasses.replace(sim.machine("cpu"), num_devices=k)
+            by_time = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], machine=here,
+                                        **shapes)
+            chosen.append("keeps" if not by_time.machine_choice.chosen.refetch else
+                          "fetches again")
+            exes += [on_cpu0(ptd, req), many, on_cpu0(by_time, req)]
         base, *others = step_times(exes, repeats)
         row = [label, " / ".join(map(str, nodes)),
                " / ".join(f"{n} ({n / nodes[0]:.1f}x)" for n in busiest),
                f"{base * 1e3:.1f}"] + \
-            [f"{t / base:.2f}" for t in others]
+            [f"{t / base:.2f}" for t in others[:2]] + \
+            [f"{others[2] / base:.2f} ({chosen[0]})"] + \
+            [f"{t / base:.2f}" for t in others[3:5]] + \
+            [f"{others[5] / base:.2f} ({chosen[1]})"]
         rows.append(row)
         print(" | ".join(map(str, row)), flush=True)
     return rows
+
+
+def on_cpu0(ptd, req):
+    """``ptd`` bound with every group on cpu(0), filled."""
+    shard_req = {s.name: req[s.source] for s in ptd.shards if s.kind != "aux"}
+    exe = ptd.symbol.simple_bind(mx.cpu(0), grad_req=shard_req,
+                                 group2ctx={g: mx.cpu(0) for g in ptd.group2ctx},
+                                 **ptd.shard_shapes)
+    fill(exe)
+    return exe
 
 
 def planned_mb(exe) -> int:
@@ -248,8 +266,12 @@ def main():
             "", table(["model", "operator nodes (1 / k=2 / k=4)",
                        "busiest device's operators, with MXNet's copies (k=2 / k=4)",
                        "unpartitioned ms",
-                       "k=2 all on cpu(0)", "k=2 on cpu(0..1)", "k=4 all on cpu(0)",
-                       "k=4 on cpu(0..3)"], over), "",
+                       "k=2 all on cpu(0)", "k=2 on cpu(0..1)",
+                       "k=2 machine=cpu, all on cpu(0)", "k=4 all on cpu(0)",
+                       "k=4 on cpu(0..3)", "k=4 machine=cpu, all on cpu(0)"], over), "",
+            "machine=cpu: the plan `partition(..., machine=...)` chooses on this machine's "
+            "fitted preset (`tofu_mx.sim.machine(\"cpu\")` with k devices sharing its "
+            "cores), and which.", "",
             "cpu(0..k-1) timings share 2 cores and one process: not a model of GPUs.", "",
             "## (d) memory order: the same plan without and with Tofu's control dependencies",
             "", table(["model", "k", "MXNet planned MB", "planned MB, ordered",
