@@ -32,6 +32,7 @@ from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.ir import Graph
 from tofu_mx import arguments
 from tofu_mx.search.structure import needs_grad_of
+from tofu_mx.tdl.registry import Attrs, facts
 
 #: the rows :func:`held_at_forward_end` counts
 ROWS = ("weights", "gradients", "optimizer", "aux", "inputs", "activations")
@@ -66,8 +67,6 @@ def peak_memory(graph: Graph, device_of: Callable[[int], int], num_devices: int,
     variables, a head gradient per graph output, and the blocks of MXNet's memory plan."""
     base = [sum(row.values()) for row in _static(graph, device_of, num_devices,
                                                   optimizer_state)]
-    for e in graph.heads:
-        base[device_of(e.node)] += graph.nodes[e.node].outputs[e.index].nbytes
     plan = _Plan(graph, num_devices, MATCH_RANGE)
     _plan_step(graph, device_of, plan, grad_sum_cap())
     return tuple(b + p for b, p in zip(base, plan.total))
@@ -91,16 +90,22 @@ def _plan_step(graph: Graph, device_of, plan: "_Plan", cap: int) -> None:
     nodes = graph.nodes
     ops = [i for i, n in enumerate(nodes) if not n.is_variable]
     heads = {(e.node, e.index) for e in graph.heads}
-    has_grad = {i for i in ops if any(grads[(i, j)] for j in range(len(nodes[i].outputs)))}
+    wanted, has_grad = _gradient_nodes(graph, grads)
     # forward: when each buffer (value, device) is read for the last time there
     last: dict[tuple[tuple[int, int], int], int] = {}
     for i in ops:
         for e in nodes[i].inputs:
             last[((e.node, e.index), device_of(i))] = i
+    loss = {i: facts(nodes[i].op, Attrs(nodes[i].attrs)).loss for i in has_grad}
+    for i, j in heads:    # a head gradient array where the backward pass reads one
+        if i in has_grad and not loss[i]:
+            plan.total[device_of(i)] += nodes[i].outputs[j].nbytes
     readers_left: dict[tuple[tuple[int, int], int], int] = defaultdict(int)
     reads: dict[int, list[tuple[int, int]]] = defaultdict(list)   # gradient node -> kept
     for value, readers in kept.items():
         for r in readers:
+            if r not in has_grad:       # a gradient node MXNet leaves out
+                continue
             readers_left[(value, device_of(r))] += 1
             reads[r].append(value)
     # the gradient pieces each value receives: one per reading position of a node with a
@@ -108,7 +113,7 @@ def _plan_step(graph: Graph, device_of, plan: "_Plan", cap: int) -> None:
     pieces: dict[tuple[int, int], int] = defaultdict(int)
     for i in has_grad:
         for e in nodes[i].inputs:
-            if grads[(e.node, e.index)]:
+            if (e.node, e.index) in wanted:
                 pieces[(e.node, e.index)] += 1
 
     def dead(value, d: int) -> bool:
@@ -136,12 +141,12 @@ def _plan_step(graph: Graph, device_of, plan: "_Plan", cap: int) -> None:
             continue
         used = []     # (key, device) the gradient node reads, released after it
         for j in range(len(node.outputs)):
-            if (i, j) not in heads:      # a head's gradient is its head gradient array
+            if (i, j) not in heads and not loss[i]:   # a head's: its head gradient array
                 used.append(_output_gradient(plan, (i, j), d, arrived.pop((i, j), []), cap))
         made, after = [], []
         for p, e in enumerate(node.inputs):
             value = (e.node, e.index)
-            if not grads[value]:
+            if value not in wanted:
                 made.append((("nograd", i, p), value))    # made, never read
                 after.append((("nograd", i, p), d))
             elif not (nodes[e.node].is_variable and pieces[value] == 1):
@@ -165,6 +170,25 @@ def _plan_step(graph: Graph, device_of, plan: "_Plan", cap: int) -> None:
                 if seen[value] == pieces[value]:
                     for key, dev in arrived.pop(value):
                         plan.release(key, dev)
+
+
+def _gradient_nodes(graph: Graph, grads) -> tuple[set[tuple[int, int]], set[int]]:
+    """``(wanted, nodes)``: the values whose gradient MXNet's backward graph computes, and
+    the operators whose gradient node it holds. MXNet keeps only what the weights' gradients
+    depend on: a weight's gradient is wanted; an operator's gradient node is there when it
+    makes a wanted gradient; its outputs' gradients are then wanted, except a loss
+    operator's, whose gradient does not read them (``OpFacts.loss``)."""
+    nodes = graph.nodes
+    wanted = {(i, 0) for i, n in enumerate(nodes) if n.is_variable and grads[(i, 0)]}
+    made: set[int] = set()
+    for i, node in enumerate(nodes):
+        if node.is_variable or not any(grads[(i, j)] for j in range(len(node.outputs))):
+            continue
+        if any((e.node, e.index) in wanted for e in node.inputs):
+            made.add(i)
+            if not facts(node.op, Attrs(node.attrs)).loss:
+                wanted.update((i, j) for j in range(len(node.outputs)) if grads[(i, j)])
+    return wanted, made
 
 
 def _output_gradient(plan: "_Plan", value: tuple[int, int], d: int,
