@@ -17,9 +17,16 @@ operator outputs alive at each moment:
   other devices (a copy each), and then frees its outputs' gradients and the kept buffers
   it was the last to read.
 
-:func:`peak_memory` is the largest total over that walk, per device. Not counted: the
-operators' temporary workspace, the outputs re-built by mirroring in the backward pass,
-and any reuse MXNet's memory planner finds beyond freeing dead buffers.
+:func:`peak_memory` follows MXNet 1.9.1's executor instead (docs/mxnet-facts.md, "Memory
+plan"): the same walk asks for blocks of a static plan (``MXPlanMemory``), which are never
+given back, so a device holds its variables plus the sum of its blocks' largest sizes. It
+also counts what MXNet's backward graph holds beyond the walk above: each reader's piece
+of a gradient (summed at once below MXNet's in-place cap, added one by one at or above
+it), the gradients of inputs that need none (made, never read), zeros for outputs no
+reader differentiates, and a head gradient array where the backward pass reads one; it
+leaves out the gradient nodes no weight's gradient needs (a loss reads no output
+gradient). Not modelled: in-place outputs (``FInplaceOption``: MXNet's peak is lower by
+them), MXNet's depth-first order of the backward nodes, temporary workspace.
 """
 from __future__ import annotations
 
