@@ -17,12 +17,21 @@ operator outputs alive at each moment:
   other devices (a copy each), and then frees its outputs' gradients and the kept buffers
   it was the last to read.
 
-:func:`peak_memory` is the largest total over that walk, per device. Not counted: the
-operators' temporary workspace, the outputs re-built by mirroring in the backward pass,
-and any reuse MXNet's memory planner finds beyond freeing dead buffers.
+:func:`peak_memory` follows MXNet 1.9.1's executor instead (docs/mxnet-facts.md, "Memory
+plan"): the same walk asks for blocks of a static plan (``MXPlanMemory``), which are never
+given back, so a device holds its variables plus the sum of its blocks' largest sizes. It
+also counts what MXNet's backward graph holds beyond the walk above: each reader's piece
+of a gradient (summed at once below MXNet's in-place cap, added one by one at or above
+it), the gradients of inputs that need none (made, never read), zeros for outputs no
+reader differentiates, and a head gradient array where the backward pass reads one; it
+leaves out the gradient nodes no weight's gradient needs (a loss reads no output
+gradient). Not modelled: in-place outputs (``FInplaceOption``: MXNet's peak is lower by
+them), MXNet's depth-first order of the backward nodes, temporary workspace.
 """
 from __future__ import annotations
 
+import bisect
+import os
 from collections import defaultdict
 from typing import Callable
 
@@ -30,6 +39,7 @@ from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.ir import Graph
 from tofu_mx import arguments
 from tofu_mx.search.structure import needs_grad_of
+from tofu_mx.tdl.registry import Attrs, facts
 
 #: the rows :func:`held_at_forward_end` counts
 ROWS = ("weights", "gradients", "optimizer", "aux", "inputs", "activations")
@@ -60,94 +70,196 @@ def gradients_per_device(graph: Graph, device_of: Callable[[int], int], num_devi
 
 def peak_memory(graph: Graph, device_of: Callable[[int], int], num_devices: int,
                 optimizer_state: float = 0.0) -> tuple[int, ...]:
-    """Each device's largest total over one training step (see the module's docstring)."""
-    grads = needs_grad_of(graph)
-    kept = kept_for_backward(graph, grads)
+    """Each device's bytes held in one training step (see the module's docstring): its
+    variables, a head gradient per graph output, and the blocks of MXNet's memory plan."""
     base = [sum(row.values()) for row in _static(graph, device_of, num_devices,
                                                   optimizer_state)]
-    walk = _Walk(graph, num_devices)
-    ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
+    plan = _Plan(graph, num_devices, MATCH_RANGE)
+    _plan_step(graph, device_of, plan, grad_sum_cap())
+    return tuple(b + p for b, p in zip(base, plan.total))
+
+
+#: MXNet's NNVM_EXEC_MATCH_RANGE default: a free block is reused for a request within this
+#: factor of its size (src/nnvm/plan_memory.cc, MXPlanMemory)
+MATCH_RANGE = 16
+
+
+def grad_sum_cap() -> int:
+    """MXNet's MXNET_EXEC_INPLACE_GRAD_SUM_CAP, read from the environment as MXNet reads it
+    (default 8): a gradient of at least this many pieces is summed by a chain of in-place
+    adds, fewer by one ElementWiseSum (src/executor/graph_executor.cc, AggregateGradient)."""
+    return int(os.environ.get("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", "8"))
+
+
+def _plan_step(graph: Graph, device_of, plan: "_Plan", cap: int) -> None:
+    grads = needs_grad_of(graph)
+    kept = kept_for_backward(graph, grads)
+    nodes = graph.nodes
+    ops = [i for i, n in enumerate(nodes) if not n.is_variable]
     heads = {(e.node, e.index) for e in graph.heads}
+    wanted, has_grad = _gradient_nodes(graph, grads)
     # forward: when each buffer (value, device) is read for the last time there
     last: dict[tuple[tuple[int, int], int], int] = {}
     for i in ops:
-        for e in graph.nodes[i].inputs:
+        for e in nodes[i].inputs:
             last[((e.node, e.index), device_of(i))] = i
-    # backward: how many gradient nodes on each device still read a kept buffer
+    loss = {i: facts(nodes[i].op, Attrs(nodes[i].attrs)).loss for i in has_grad}
+    for i, j in heads:    # a head gradient array where the backward pass reads one
+        if i in has_grad and not loss[i]:
+            plan.total[device_of(i)] += nodes[i].outputs[j].nbytes
     readers_left: dict[tuple[tuple[int, int], int], int] = defaultdict(int)
     reads: dict[int, list[tuple[int, int]]] = defaultdict(list)   # gradient node -> kept
     for value, readers in kept.items():
         for r in readers:
+            if r not in has_grad:       # a gradient node MXNet leaves out
+                continue
             readers_left[(value, device_of(r))] += 1
             reads[r].append(value)
+    # the gradient pieces each value receives: one per reading position of a node with a
+    # gradient node
+    pieces: dict[tuple[int, int], int] = defaultdict(int)
+    for i in has_grad:
+        for e in nodes[i].inputs:
+            if (e.node, e.index) in wanted:
+                pieces[(e.node, e.index)] += 1
 
     def dead(value, d: int) -> bool:
         return readers_left[(value, d)] == 0 and value not in heads
 
     for i in ops:
         d = device_of(i)
-        for e in graph.nodes[i].inputs:
-            if not graph.nodes[e.node].is_variable:
-                walk.hold((e.node, e.index), d)
-        for j in range(len(graph.nodes[i].outputs)):
-            walk.hold((i, j), d)
-        walk.mark()
-        for e in graph.nodes[i].inputs:
+        for e in nodes[i].inputs:
+            if not nodes[e.node].is_variable:
+                plan.request((e.node, e.index), d, (e.node, e.index))     # copy, if remote
+        for j in range(len(nodes[i].outputs)):
+            plan.request((i, j), d, (i, j))
+        for e in nodes[i].inputs:
             key = ((e.node, e.index), d)
-            if last.get(key) == i and not graph.nodes[e.node].is_variable and dead(*key):
-                walk.drop(*key)
-        for j in range(len(graph.nodes[i].outputs)):
+            if last.get(key) == i and not nodes[e.node].is_variable and dead(*key):
+                plan.release(*key)
+        for j in range(len(nodes[i].outputs)):
             if ((i, j), d) not in last and dead((i, j), d):
-                walk.drop((i, j), d)
-    sent: dict[tuple[int, int], set[int]] = defaultdict(set)   # gradient -> its devices
+                plan.release((i, j), d)
+    arrived: dict[tuple[int, int], list[tuple[tuple, int]]] = defaultdict(list)
+    seen: dict[tuple[int, int], int] = defaultdict(int)
     for i in reversed(ops):
-        node, d = graph.nodes[i], device_of(i)
-        if not any(grads[(i, j)] for j in range(len(node.outputs))):
+        node, d = nodes[i], device_of(i)
+        if i not in has_grad:
             continue
-        for e in node.inputs:
+        used = []     # (key, device) the gradient node reads, released after it
+        for j in range(len(node.outputs)):
+            if (i, j) not in heads and not loss[i]:   # a head's: its head gradient array
+                used.append(_output_gradient(plan, (i, j), d, arrived.pop((i, j), []), cap))
+        made, after = [], []
+        for p, e in enumerate(node.inputs):
             value = (e.node, e.index)
-            if grads[value] and not graph.nodes[e.node].is_variable:
-                walk.hold(("grad", value), d)
-                sent[value].add(d)
-        for j in range(len(node.outputs)):
-            for src in sent.get((i, j), ()):
-                if src != d:
-                    walk.hold(("grad", (i, j)), d)     # the copy received from src
-        walk.mark()
-        for j in range(len(node.outputs)):
-            for src in sent.pop((i, j), set()) | {d}:
-                walk.drop(("grad", (i, j)), src)
+            if value not in wanted:
+                made.append((("nograd", i, p), value))    # made, never read
+                after.append((("nograd", i, p), d))
+            elif not (nodes[e.node].is_variable and pieces[value] == 1):
+                made.append((("piece", i, p), value))
+                if pieces[value] >= cap and arrived[value]:    # added into the chain
+                    after.append((("piece", i, p), d))
+                else:
+                    arrived[value].append((("piece", i, p), d))
+        for key, value in made:
+            plan.request(key, d, value)
+        for key, dev in used + after:
+            plan.release(key, dev)
         for value in reads.get(i, ()):
             readers_left[(value, d)] -= 1
             if dead(value, d):
-                walk.drop(value, d)
-    return tuple(b + p for b, p in zip(base, walk.peak))
+                plan.release(value, d)
+        for e in node.inputs:      # a weight's pieces, all in: summed into its gradient
+            value = (e.node, e.index)
+            if nodes[e.node].is_variable and value in arrived:
+                seen[value] += 1
+                if seen[value] == pieces[value]:
+                    for key, dev in arrived.pop(value):
+                        plan.release(key, dev)
 
 
-class _Walk:
-    """Live bytes per device, and their peak."""
+def _gradient_nodes(graph: Graph, grads) -> tuple[set[tuple[int, int]], set[int]]:
+    """``(wanted, nodes)``: the values whose gradient MXNet's backward graph computes, and
+    the operators whose gradient node it holds. MXNet keeps only what the weights' gradients
+    depend on: a weight's gradient is wanted; an operator's gradient node is there when it
+    makes a wanted gradient; its outputs' gradients are then wanted, except a loss
+    operator's, whose gradient does not read them (``OpFacts.loss``)."""
+    nodes = graph.nodes
+    wanted = {(i, 0) for i, n in enumerate(nodes) if n.is_variable and grads[(i, 0)]}
+    made: set[int] = set()
+    for i, node in enumerate(nodes):
+        if node.is_variable or not any(grads[(i, j)] for j in range(len(node.outputs))):
+            continue
+        if any((e.node, e.index) in wanted for e in node.inputs):
+            made.add(i)
+            if not facts(node.op, Attrs(node.attrs)).loss:
+                wanted.update((i, j) for j in range(len(node.outputs)) if grads[(i, j)])
+    return wanted, made
 
-    def __init__(self, graph: Graph, num_devices: int):
+
+def _output_gradient(plan: "_Plan", value: tuple[int, int], d: int,
+                     pieces: list[tuple[tuple, int]], cap: int) -> tuple[tuple, int]:
+    """The summed gradient of ``value`` on device ``d``, from its ``pieces``; returns its
+    key there."""
+    if not pieces:      # no reader made one: MXNet's zeros of the output's size
+        plan.request(("zeros", value), d, value)
+        return ("zeros", value), d
+    first, where = pieces[0]
+    for key, dev in pieces[1:]:
+        if dev != where:
+            plan.request(("to", key), where, value)
+            plan.release(key, dev)
+            key = ("to", key)
+        plan.release(key, where)      # ElementWiseSum writes into the first piece
+    if where != d:
+        plan.request(("to", first), d, value)
+        plan.release(first, where)
+        return ("to", first), d
+    return first, d
+
+
+class _Plan:
+    """MXNet's static memory plan (MXGraphAllocator in src/nnvm/plan_memory.cc), device by
+    device: a buffer takes a free block within :data:`MATCH_RANGE` of its size (the
+    smallest as large, else the largest smaller one, which grows), or a new block; a block
+    is never given back, so a device holds the sum of its blocks' largest sizes."""
+
+    def __init__(self, graph: Graph, num_devices: int, match_range: int):
         self.graph = graph
-        self.live: dict[tuple, int] = {}           # (buffer, device) -> bytes
+        self.match_range = match_range
+        self.free: list[list[tuple[int, int]]] = [[] for _ in range(num_devices)]
+        self.plan_size: list[int] = []      # per block: MXNet's size (4 bytes an element)
+        self.nbytes: list[int] = []         # per block: the largest buffer's bytes
+        self.live: dict[tuple, int] = {}    # (buffer, device) -> block
         self.total = [0] * num_devices
-        self.peak = [0] * num_devices
 
-    def nbytes(self, key) -> int:
-        if key[0] == "grad":
-            key = key[1]
-        return self.graph.nodes[key[0]].outputs[key[1]].nbytes
+    def request(self, key, d: int, value: tuple[int, int]) -> None:
+        if (key, d) in self.live:
+            return
+        info = self.graph.nodes[value[0]].outputs[value[1]]
+        size, nbytes = info.size * 4, info.nbytes
+        free = self.free[d]
+        mid = bisect.bisect_left(free, (size, -1))
+        end = bisect.bisect_right(free, (size * self.match_range, 1 << 62))
+        begin = bisect.bisect_left(free, (size // self.match_range, -1))
+        if mid < end:
+            _, block = free.pop(mid)
+        elif mid > begin:
+            _, block = free.pop(mid - 1)
+        else:
+            block = len(self.nbytes)
+            self.plan_size.append(0)
+            self.nbytes.append(0)
+        self.plan_size[block] = max(self.plan_size[block], size)
+        self.total[d] += max(0, nbytes - self.nbytes[block])
+        self.nbytes[block] = max(self.nbytes[block], nbytes)
+        self.live[(key, d)] = block
 
-    def hold(self, key, d: int) -> None:
-        if (key, d) not in self.live:
-            self.live[(key, d)] = self.nbytes(key)
-            self.total[d] += self.live[(key, d)]
-
-    def drop(self, key, d: int) -> None:
-        self.total[d] -= self.live.pop((key, d), 0)
-
-    def mark(self) -> None:
-        self.peak = [max(p, t) for p, t in zip(self.peak, self.total)]
+    def release(self, key, d: int) -> None:
+        block = self.live.pop((key, d), None)
+        if block is not None:
+            bisect.insort(self.free[d], (self.plan_size[block], block))
 
 
 def _static(graph: Graph, device_of, num_devices: int, optimizer_state: float

@@ -1,5 +1,10 @@
 """Per-device memory over a training step: the end of the forward pass, and the peak."""
+import json
+
+import mxnet as mx
 import pytest
+
+from nnvm_passes import import_symbol
 
 from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.sim.memory import held_at_forward_end, peak_memory
@@ -16,23 +21,88 @@ def test_the_end_of_the_forward_pass_holds_variables_and_kept_outputs(two_device
                            activations=48)
 
 
-def test_the_peak_follows_each_buffer_from_its_maker_to_its_last_reader(two_devices):
-    """dev0 holds 264 B of variables. Forward: fc's output (48), freed at once (it is read
-    only on dev1, and not kept). Backward: the gradient of fc's output received from dev1
-    (48). Peak 264 + 48 = 312.
+def test_the_peak_is_the_sum_of_mxnets_planned_blocks(two_devices):
+    """MXNet plans every buffer of the step into blocks it never gives back; a buffer takes
+    a free block within 16x of its size (the smallest as large, else the largest smaller,
+    which grows).
 
-    dev1, forward: fc's output copied in (48) and relu's output (48): 96; the copy freed
-    (relu's gradient reads only its output): 48; sum's output (4): 52; loss's (4): 56; sum's
-    output freed: 52. Backward: loss's gradient for sum's output (4): 56; sum's for relu's
-    output (48): 104, then sum's output gradient freed: 100; relu's for fc's output (48):
-    148 (the peak), then relu's output gradient and relu's output freed: 52.
+    dev0 holds 264 B of variables. fc's output (48) takes block A; it is read only on dev1
+    and not kept: A is free at once. Backward: the gradient of fc's output copied from dev1
+    (48) takes A; FC's gradient also makes data's gradient (96, never read: data needs
+    none), a new block. 264 + 48 + 96 = 408.
 
-    On one device: the same walk with no copies: 96 in the forward pass, 148 in the backward
-    pass, on 264 B of variables: 412."""
+    dev1: the copy of fc's output (48, block A), relu's output (48, B), A free after relu;
+    sum's output (4) takes A (48 is within 16x), loss's output (4, a head) a new C. Backward
+    (MakeLoss reads no output gradient: no head gradient array): sum's output gradient (4)
+    takes A; relu's output gradient (48) a new D; A free; fc's output gradient (48) takes
+    A. Blocks 48 + 48 + 4 + 48 = 148.
+
+    On one device: no copies; FC's data gradient (96) takes D, the largest free block
+    below 96, grown to 96: 48 + 48 + 4 + 96 = 196 on 264 B of variables."""
     graph, device_of = two_devices
-    assert peak_memory(graph, device_of, 2) == (312, 148)
-    assert peak_memory(graph, device_of, 2, optimizer_state=2) == (312 + 2 * 84, 148)
-    assert peak_memory(graph, lambda i: 0, 1) == (412,)
+    assert peak_memory(graph, device_of, 2) == (408, 148)
+    assert peak_memory(graph, device_of, 2, optimizer_state=2) == (408 + 2 * 84, 148)
+    assert peak_memory(graph, lambda i: 0, 1) == (460,)
+
+
+def _shared_weight(readers: int):
+    """``w`` (3, 6) read by ``readers`` FullyConnected layers, each on its own data
+    (4, 6); their outputs concatenated, summed, MakeLoss; float32, on one device."""
+    w = mx.sym.var("w")
+    outs = [mx.sym.FullyConnected(mx.sym.var(f"x{i}"), w, num_hidden=3, no_bias=True,
+                                  name=f"fc{i}") for i in range(readers)]
+    loss = mx.sym.MakeLoss(mx.sym.sum(mx.sym.concat(*outs, dim=0), name="total"),
+                           name="loss")
+    shapes = {f"x{i}": (4, 6) for i in range(readers)}
+    return loss, shapes
+
+
+def test_a_weight_read_three_times_holds_three_gradient_pieces(monkeypatch):
+    """Variables: x0..x2 (3 x 96), w (72) and its gradient (72): 432.
+
+    Forward: the FC outputs (48 each: blocks A, B, C; Concat's gradient reads them, so they
+    stay), concat's output (144, D), sum's output (4, a new E: nothing is free), D free;
+    loss's output (4): D is out of range (144 > 16 x 4), so a new F; E free. Backward:
+    sum's output gradient (4) takes E, concat's (144) takes D, E free; the three FC output
+    gradients (48 each) take E (grown to 48) and new G, H; D, A, B, C free. Each FC's
+    gradient makes x_i's gradient (96, never read) and a piece of w's gradient (72): below
+    MXNet's cap of 8 pieces, one ElementWiseSum adds them into w's gradient array once all
+    three are in, so all three are held. fc2: x2's takes D, w's piece C (grown to 72), H
+    free; fc1: x1's D, w's piece H (grown to 72), G free; fc0: w's piece G (grown to 72).
+    Blocks 48 + 48 + 72 + 144 + 48 + 4 + 72 + 72 = 508; 432 + 508 = 940, what MXNet holds.
+
+    At a cap of 3 the pieces are added one by one into the first (a chain of in-place
+    adds): fc1's piece is freed once added, and fc0's takes its block (72) where it grew G
+    from 48: 940 - 24."""
+    loss, shapes = _shared_weight(3)
+    graph = import_symbol(loss, **shapes)
+    assert peak_memory(graph, lambda i: 0, 1) == (940,)
+    monkeypatch.setenv("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", "3")
+    assert peak_memory(graph, lambda i: 0, 1) == (940 - 24,)
+
+
+def test_mxnet_holds_what_the_plan_says_for_a_shared_weight(tmp_path):
+    """MXNet's storage profiler, bind to the end of one forward + backward pass, on the
+    graph of the test above: 940 B (its cap is read once per process; 8 here)."""
+    loss, shapes = _shared_weight(3)
+    trace = str(tmp_path / "trace.json")
+    mx.profiler.set_config(profile_memory=True, profile_symbolic=False,
+                           profile_imperative=False, aggregate_stats=False, filename=trace)
+    mx.profiler.set_state("run")
+    try:
+        exe = loss.simple_bind(mx.cpu(0), grad_req={n: "write" if n == "w" else "null"
+                                                    for n in loss.list_arguments()}, **shapes)
+        exe.forward(is_train=True)
+        exe.backward()
+        mx.nd.waitall()
+    finally:
+        mx.profiler.set_state("stop")
+    mx.profiler.dump()
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    held = [int(next(iter(e["args"].values()))) for e in events
+            if e.get("ph") == "C" and e["name"] == "Memory: cpu/0"]
+    assert max(held) == 940 == peak_memory(import_symbol(loss, **shapes), lambda i: 0, 1)[0]
 
 
 def test_a_negative_optimizer_state_is_refused(two_devices):
