@@ -13,7 +13,9 @@ counters start empty):
 - **ideal**: the same peak of the unpartitioned graph on one device, divided by k (MXNet's
   gradient-sum cap at its default, 8, in both: ``import tofu_mx`` leaves it alone).
 - **accounted**: :meth:`PartitionedSymbol.memory_per_device` (weights, gradients, aux,
-  inputs, kept activations; not conversions, copies or workspace), the busiest device.
+  inputs, kept activations; not conversions, copies or workspace), the busiest device;
+- **planned**: :meth:`PartitionedSymbol.planned_memory` (MXNet's memory plan of the step,
+  :func:`tofu_mx.sim.memory.peak_memory`), the busiest device.
 
 MXNet numbers its profiler's CPU devices by ``omp_get_num_procs()``: on a machine with P
 cores, ``cpu(P)`` and ``cpu(P+1)`` are counted under its ``cpu pinned/`` and
@@ -57,9 +59,7 @@ accounted = predicted = None
 if k:
     ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
     accounted = [m.total for m in ptd.memory_per_device()]
-    from tofu_mx.sim.memory import peak_memory
-    from tofu_mx.sim.simulate import _shard_devices
-    predicted = list(peak_memory(*_shard_devices(ptd), k))
+    predicted = list(ptd.planned_memory())
     names = {{n.name for n in ptd.graph.variables("param")}}
     mx.profiler.set_state("run")
     exe = ptd.simple_bind(grad_req={{n: "write" if n in names else "null"
@@ -140,7 +140,7 @@ def main():
             print(" | ".join(map(str, row)), flush=True)
     head = ["model", "k", "one device, MiB", "MXNet's peak per device, MiB",
             "busiest / ideal (MXNet)", "busiest / ideal (accounted)",
-            "MXNet / accounted (busiest)", "MXNet / simulated peak (busiest)"]
+            "MXNet / accounted (busiest)", "MXNet / planned_memory() (busiest)"]
     text = table(head, rows)
     write_out("memory_mxnet.md", text + "\n")
     print(text)

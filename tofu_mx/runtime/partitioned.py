@@ -29,7 +29,7 @@ from tofu_mx.runtime.unlower import unlower
 from tofu_mx.runtime.frontier import FRONTIER_WEIGHTS, Frontier, fit_budget, pareto, trade_off
 from tofu_mx.search.plan import (Plan, SearchOptions, budgets_of, check_device_count,
                                  check_plan, lower_graph, plan_graph)
-from tofu_mx.sim.memory import held_at_forward_end
+from tofu_mx.sim.memory import held_at_forward_end, peak_memory
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph
 from tofu_mx.tdl.registry import lookup, registry_key
@@ -359,9 +359,22 @@ class PartitionedSymbol:
         """Bytes each device holds at the end of the forward pass: parameter shards, their
         gradients, aux states, input shards, and the activations the backward pass keeps
         (outputs some gradient node reads, as MXNet builds the gradients, on each device
-        whose gradient nodes read them). Temporary buffers are not."""
+        whose gradient nodes read them): the search's accounting, which budgets are met
+        in. Temporary and conversion buffers are not (MXNet holds 1.1-1.6x this on
+        bench/memory_mxnet.py's models): :meth:`planned_memory` counts them."""
         rows = held_at_forward_end(self.shard_graph, self._device_of(), len(self.contexts))
         return [DeviceMemory(str(c), **r) for c, r in zip(self.contexts, rows)]
+
+    def planned_memory(self, optimizer_state: float = 0.0) -> tuple[int, ...]:
+        """Bytes each device holds over a training step as MXNet's executor plans them
+        (:func:`tofu_mx.sim.memory.peak_memory`: its static memory plan, whose blocks are
+        never given back, on top of the variables): what :meth:`memory_per_device` counts,
+        and conversion and copy buffers, outputs freed in the forward pass, gradient pieces
+        and their sums. Within 4% of MXNet's storage profiler on the models of
+        bench/memory_mxnet.py (bench/results/memory.md). ``optimizer_state``: optimizer
+        bytes per weight byte a trainer adds (SGD with momentum 1, Adam 2)."""
+        return peak_memory(self.shard_graph, self._device_of(), len(self.contexts),
+                           optimizer_state)
 
     def _device_of(self):
         """Node index of :attr:`shard_graph` -> the index of the device MXNet runs it on."""
@@ -396,6 +409,9 @@ class PartitionedSymbol:
         lines.append(f"operators per device (with the copies MXNet inserts): "
                      f"{', '.join(f'{n:,}' for n in self.operators_per_device())}; the graph "
                      f"partitioned has {original:,}")
+        lines.append(f"memory per device as MXNet plans the step (planned_memory(), "
+                     f"without optimizer state): "
+                     f"{', '.join(format_bytes(b) for b in self.planned_memory())}")
         if self.plan.unlowered:
             shown = ", ".join(self.plan.unlowered[:3])
             more = f" and {len(self.plan.unlowered) - 3} more" if len(self.plan.unlowered) > 3 \

@@ -31,12 +31,12 @@ them), MXNet's depth-first order of the backward nodes, temporary workspace.
 from __future__ import annotations
 
 import bisect
-import os
 from collections import defaultdict
 from typing import Callable
 
 from nnvm_passes.backward import kept_for_backward
 from nnvm_passes.ir import Graph
+from nnvm_passes.program import inplace_sum_cap
 from tofu_mx import arguments
 from tofu_mx.search.structure import needs_grad_of
 from tofu_mx.tdl.registry import Attrs, facts
@@ -75,20 +75,13 @@ def peak_memory(graph: Graph, device_of: Callable[[int], int], num_devices: int,
     base = [sum(row.values()) for row in _static(graph, device_of, num_devices,
                                                   optimizer_state)]
     plan = _Plan(graph, num_devices, MATCH_RANGE)
-    _plan_step(graph, device_of, plan, grad_sum_cap())
+    _plan_step(graph, device_of, plan, inplace_sum_cap())
     return tuple(b + p for b, p in zip(base, plan.total))
 
 
 #: MXNet's NNVM_EXEC_MATCH_RANGE default: a free block is reused for a request within this
 #: factor of its size (src/nnvm/plan_memory.cc, MXPlanMemory)
 MATCH_RANGE = 16
-
-
-def grad_sum_cap() -> int:
-    """MXNet's MXNET_EXEC_INPLACE_GRAD_SUM_CAP, read from the environment as MXNet reads it
-    (default 8): a gradient of at least this many pieces is summed by a chain of in-place
-    adds, fewer by one ElementWiseSum (src/executor/graph_executor.cc, AggregateGradient)."""
-    return int(os.environ.get("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", "8"))
 
 
 def _plan_step(graph: Graph, device_of, plan: "_Plan", cap: int) -> None:

@@ -161,3 +161,64 @@ def test_an_uneven_batch_is_balanced_by_default(batch, k):
     chosen = tofu_mx.plan(sym, k, options=SearchOptions(memory_weight=0.5), **shapes)
     assert chosen == tofu_mx.plan(sym, k, options=SearchOptions(memory_weight=0.5, balance=0),
                                   **shapes)
+
+
+PLANNED = r"""
+import json, sys
+import mxnet as mx, numpy as np
+import tofu_mx
+from tofu_mx import models
+name, k, trace = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+sym, shapes = {
+    "lstm": lambda: (models.rnn(2, 256, 10, 1000), models.input_shapes("rnn", 8, seq_len=10)),
+    "wresnet": lambda: (models.wresnet(14, 1, 10),
+                        models.input_shapes("wresnet", 8, image_size=32)),
+    "transformer": lambda: (models.transformer(2, 32, 4, 8, 200),
+                            models.input_shapes("transformer", 8, seq_len=8)),
+}[name]()
+ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
+params = {n.name for n in ptd.graph.variables("param")}
+mx.profiler.set_config(profile_memory=True, profile_symbolic=False, profile_imperative=False,
+                       aggregate_stats=False, filename=trace)
+mx.profiler.set_state("run")
+exe = ptd.simple_bind(grad_req={n: "write" if n in params else "null"
+                                for n in sym.list_arguments()})
+exe.forward(is_train=True)
+exe.backward()
+mx.nd.waitall()
+mx.profiler.set_state("stop")
+mx.profiler.dump()
+print(json.dumps(list(ptd.planned_memory())))
+"""
+
+
+@pytest.mark.parametrize("name", ["lstm", "wresnet", "transformer"])
+def test_planned_memory_is_what_mxnet_holds(name, tmp_path):
+    """planned_memory() against MXNet's storage profiler (bind to the end of one forward +
+    backward pass, in a fresh process, at MXNet's default gradient-sum cap) on two CPU
+    devices: within 10% on each (memory_per_device() misses 10-60% on such models). Not
+    yet within it: an LSTM of fewer steps than the cap (its weights' gradient pieces summed
+    by one ElementWiseSum), where MXNet holds about 20% more than planned (2 x 256, 4
+    steps)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    trace = str(tmp_path / "trace.json")
+    env = dict(os.environ, PYTHONPATH=root)
+    env.pop("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", None)
+    done = subprocess.run([sys.executable, "-c", PLANNED, name, "2", trace], env=env,
+                          check=True, capture_output=True, text=True, timeout=300)
+    planned = json.loads(done.stdout.strip().splitlines()[-1])
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    held: dict = {}
+    for e in events:
+        if e.get("ph") == "C" and e["name"] in ("Memory: cpu/0", "Memory: cpu/1"):
+            device = int(e["name"][-1])
+            held[device] = max(held.get(device, 0), int(next(iter(e["args"].values()))))
+    assert sorted(held) == [0, 1]
+    for device in (0, 1):
+        assert abs(held[device] / planned[device] - 1) <= 0.10, (held, planned)
