@@ -5,8 +5,8 @@ import mxnet as mx
 
 import tofu_mx
 from nnvm_passes.importer import import_symbol
-from tofu_mx.runtime.partitioned import apply_plan
-from tofu_mx.search.baselines import forced
+from tofu_mx.runtime.partitioned import _routed, apply_plan
+from tofu_mx.search.baselines import baseline_plan, forced
 from tofu_mx.search.plan import lower_graph, plan_graph
 
 
@@ -15,18 +15,25 @@ def float64(shapes):
 
 
 def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=None,
-                         oracle=None, **shapes):
+                         oracle=None, policy=None, group_size=0, **shapes):
     """Partition ``sym`` over k CPU devices and verify it against one device (outputs, every
-    gradient, every aux state); returns (PartitionedSymbol, VerificationReport)."""
+    gradient, every aux state); returns (PartitionedSymbol, VerificationReport). ``choose``:
+    strategies forced (:func:`~tofu_mx.search.baselines.forced`); ``policy``: a baseline's
+    plan instead; ``group_size``: routed with each value several devices of a group of that
+    many read sent to the group once (``nnvm_passes.program.relayed_reads``)."""
     ctx = [mx.cpu(i) for i in range(k)]
     dtypes = dtypes if dtypes is not None else float64(shapes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        if choose is None:
+        if choose is None and policy is None:
             ptd = tofu_mx.partition(sym, ctx, dtypes=dtypes, options=options, **shapes)
         else:
             graph = lower_graph(import_symbol(sym, dtypes=dtypes, **shapes), k)
-            ptd = apply_plan(sym, graph, plan_graph(graph, k, choose=forced(choose)), ctx)
+            plan = baseline_plan(graph, k, policy) if policy is not None else \
+                plan_graph(graph, k, choose=forced(choose))
+            ptd = apply_plan(sym, graph, plan, ctx)
+        if group_size:
+            ptd = _routed(ptd, sym, ctx, group_size)
     report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, arrays=arrays,
                             oracle=oracle, **shapes)
     return ptd, report

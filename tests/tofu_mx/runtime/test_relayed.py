@@ -16,27 +16,15 @@ from tofu_mx.runtime.partitioned import _routed, apply_plan
 from tofu_mx.search import SearchOptions
 from tofu_mx.search.baselines import baseline_plan
 from tofu_mx.search.plan import lower_graph
-from tests.tofu_mx.runtime.helpers import float64
+from tests.tofu_mx.runtime.helpers import partition_and_verify
 from tests.tofu_mx.runtime.test_fuzz import random_graph
 from tests.tofu_mx.runtime.test_partition_models import ZOO, zoo_symbol
 
 
-def relayed_verify(sym, k, group_size, options=None, policy=None, dtypes=None, **shapes):
+def relayed_verify(sym, k, group_size, **kwargs):
     """``sym`` partitioned over ``k`` CPU devices, routed with groups of ``group_size``, and
-    verified against one device (in float64 unless ``dtypes`` says otherwise): (the relayed
-    PartitionedSymbol, its report)."""
-    ctx = [mx.cpu(i) for i in range(k)]
-    dtypes = float64(shapes) if dtypes is None else dtypes
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        if policy is None:
-            ptd = tofu_mx.partition(sym, ctx, dtypes=dtypes, options=options, **shapes)
-        else:
-            graph = lower_graph(import_symbol(sym, dtypes=dtypes, **shapes), k)
-            ptd = apply_plan(sym, graph, baseline_plan(graph, k, policy), ctx)
-        relayed = _routed(ptd, sym, ctx, group_size)
-    report = tofu_mx.verify(sym, relayed, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, **shapes)
-    return relayed, report
+    verified against one device (float64 unless ``dtypes`` says otherwise)."""
+    return partition_and_verify(sym, k, group_size=group_size, **kwargs)
 
 
 def relays(ptd) -> int:
