@@ -339,11 +339,16 @@ class _Route:
         return self.memo[key]
 
     def needs_copy(self, ref: Ref) -> bool:
-        step = self.steps[ref.step]
+        return self.needs_copy_of(self.graph, self.steps[ref.step])
+
+    @staticmethod
+    def needs_copy_of(graph: Graph, step: Step) -> bool:
+        """Whether the sum of ``step``'s output gradients must be made on its device (see
+        :meth:`send`)."""
         if step.kind is StepKind.VARIABLE:
             return True
         if step.kind is StepKind.SHARE:
-            return passes_gradient_through(self.graph.nodes[step.node], self.graph)
+            return passes_gradient_through(graph.nodes[step.node], graph)
         return step.kind is StepKind.COMBINE and step.combine is Combine.SUM
 
     # --- operators --------------------------------------------------------------------------
@@ -669,7 +674,8 @@ def route(graph: Graph, assignment: Any, cap: int | None = None,
     finally:
         sys.setrecursionlimit(limit)
     if group_size:
-        program = relayed_reads(program, group_size)
+        program = relayed_reads(program, group_size, lambda step: _Route.needs_copy_of(
+            graph, step))
     cap = inplace_sum_cap() if cap is None else cap
     if cap < 3:
         raise TofuError(f"MXNET_EXEC_INPLACE_GRAD_SUM_CAP={cap}: MXNet then adds even two "
@@ -679,7 +685,8 @@ def route(graph: Graph, assignment: Any, cap: int | None = None,
                          passes_gradient_through(graph.nodes[step.node], graph))
 
 
-def relayed_reads(program: Program, group_size: int) -> Program:
+def relayed_reads(program: Program, group_size: int,
+                  needs_send: Callable[[Step], bool] = lambda step: True) -> Program:
     """``program`` with each value that two or more devices of one group (devices ``g *
     group_size`` to ``(g + 1) * group_size - 1``) read from a device of another group sent
     to that group once: to a :attr:`StepKind.RELAY` on one of the reading devices (the one
@@ -689,10 +696,17 @@ def relayed_reads(program: Program, group_size: int) -> Program:
     to ``group_size`` times for values every device reads whole (a weight split at the
     first cut and gathered at the next); the copies within the group and the relay's
     ``_copy`` are added. A value's SENDs (one per reading device, see
-    :meth:`_Route.send`) to the group's devices become the gateway's SEND alone."""
-    steps = program.steps
+    :meth:`_Route.send`) to the group's devices become the gateway's SEND alone.
+
+    First, a cut (SLICE, SPLIT) whose every piece is read in one other group is made there,
+    on one of its readers (:func:`_cuts_moved`): its input crosses once, where each piece
+    crossed on its own (as many bytes, one copy's latency instead of one per piece).
+    ``needs_send(step)``: whether the sum of the step's output gradients must be made on its
+    device (:meth:`_Route.send`): such a value crosses through a SEND."""
     if group_size <= 0 or program.num_devices <= group_size:
         return program
+    program = _cuts_moved(program, group_size, needs_send)
+    steps = program.steps
     reads: dict[Ref, list[tuple[int, int]]] = {}
     for s, step in enumerate(steps):
         for pos, ref in enumerate(step.inputs):
@@ -767,6 +781,53 @@ def relayed_reads(program: Program, group_size: int) -> Program:
             new.append(Step(StepKind.RELAY, device, (Ref(at[s], source.output),),
                             (step.outputs[source.output],), account, name, again=again))
             made[r] = Ref(len(new) - 1)
+    return Program(tuple(new), tuple(Ref(at[r.step], r.output) for r in program.heads),
+                   program.num_devices, program.placement)
+
+
+def _cuts_moved(program: Program, group_size: int, needs_send: Callable[[Step], bool]
+                ) -> Program:
+    """``program`` with each cut whose pieces are all read, and read only, by devices of
+    one group other than its own made on one of them (the one at its device's position in
+    the group where it reads, else the first); not one marked ``again`` (its input would
+    cross unmarked, and be held for the backward pass), nor one an output of the graph is.
+    Where the sum of its input's gradients must be made where the input is
+    (``needs_send``), the cut reads it through a SEND there, as routing reads it remotely
+    (:meth:`_Route.send`)."""
+    steps = program.steps
+    readers: dict[int, set[int]] = {}           # cut -> the devices reading its pieces
+    read: dict[int, set[int]] = {}              # cut -> its outputs read
+    for step in steps:
+        for ref in step.inputs:
+            if steps[ref.step].kind in (StepKind.SLICE, StepKind.SPLIT):
+                readers.setdefault(ref.step, set()).add(step.device)
+                read.setdefault(ref.step, set()).add(ref.output)
+    heads = {ref.step for ref in program.heads}
+    moved: dict[int, int] = {}                  # cut -> the device it is made on
+    for s, devices in readers.items():
+        step = steps[s]
+        groups = {d // group_size for d in devices}
+        if (len(groups) != 1 or step.device // group_size in groups or step.again
+                or s in heads or len(read[s]) != len(step.outputs)):
+            continue
+        mirror = min(devices) // group_size * group_size + step.device % group_size
+        moved[s] = mirror if mirror in devices else min(devices)
+    if not moved:
+        return program
+    new: list[Step] = []
+    at: list[int] = []                          # old step -> new step
+    for s, step in enumerate(steps):
+        inputs = tuple(Ref(at[r.step], r.output) for r in step.inputs)
+        if s in moved:
+            d, source = moved[s], steps[step.inputs[0].step]
+            if needs_send(source):
+                new.append(Step(StepKind.SEND, source.device, inputs[:1],
+                                (source.outputs[step.inputs[0].output],), step.account,
+                                f"@to{d}", to=d))
+                inputs = (Ref(len(new) - 1),) + inputs[1:]
+            step = dataclasses.replace(step, device=d)
+        new.append(dataclasses.replace(step, inputs=inputs))
+        at.append(len(new) - 1)
     return Program(tuple(new), tuple(Ref(at[r.step], r.output) for r in program.heads),
                    program.num_devices, program.placement)
 

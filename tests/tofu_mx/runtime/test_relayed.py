@@ -125,3 +125,33 @@ def test_the_zoo(name):
     shapes = {"data": (12, 3, size, size), "softmax_label": (12,)}
     _, report = relayed_verify(zoo_symbol(name), 4, 2, **shapes)
     assert report.ok, report     # (resnet18_v1's plan has no value two devices of a group read)
+
+
+def cuts_moved(ptd, group_size: int) -> int:
+    """Cuts made in another group than their input's."""
+    steps = ptd.program.steps
+    return sum(s.kind in (StepKind.SLICE, StepKind.SPLIT) and
+               steps[s.inputs[0].step].device // group_size != s.device // group_size
+               for s in steps)
+
+
+@pytest.mark.parametrize("name", ["wresnet", "rnn"])
+def test_a_cut_read_in_one_other_group_is_made_there(name):
+    """Over 8 devices in two groups of 4 (as two PCIe switches), keeping converted inputs:
+    the cuts whose pieces are all read in the other group are made there, so fewer copies
+    cross between the groups (as many bytes: their inputs whole), and the partition
+    computes what one device does."""
+    sym, shapes = MODELS[name]()
+    shapes = {n: (16,) + s[1:] for n, s in shapes.items()}
+    dtypes = None if name == "wresnet" else {}
+    ptd, report = relayed_verify(sym, 8, 4, options=SearchOptions(refetch=False),
+                                 dtypes=dtypes, **shapes)
+    assert report.ok, report
+    assert cuts_moved(ptd, 4) > 0
+    ctx = [mx.cpu(i) for i in range(8)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        direct = tofu_mx.partition(sym, ctx, options=SearchOptions(refetch=False),
+                                   dtypes={n: "float64" for n in shapes} if dtypes is None
+                                   else dtypes, **shapes)
+    assert group_crossings(ptd, 4)[1] < group_crossings(direct, 4)[1]
