@@ -19,14 +19,17 @@ operator outputs alive at each moment:
 
 :func:`peak_memory` follows MXNet 1.9.1's executor instead (docs/mxnet-facts.md, "Memory
 plan"): the same walk asks for blocks of a static plan (``MXPlanMemory``), which are never
-given back, so a device holds its variables plus the sum of its blocks' largest sizes. It
-also counts what MXNet's backward graph holds beyond the walk above: each reader's piece
-of a gradient (summed at once below MXNet's in-place cap, added one by one at or above
-it), the gradients of inputs that need none (made, never read), zeros for outputs no
+given back, so a device holds its variables plus the sum of its blocks' largest sizes. Its
+backward pass runs in MXNet's order: depth first from the weights' gradients, in argument
+order, so a weight's pieces are summed (one ElementWiseSum below MXNet's in-place cap)
+only when its output is reached, at the end of the pass (at or above the cap they are
+added one by one into the first, each maker waiting for the previous add). It also counts
+what MXNet's backward graph holds beyond the walk above: each reader's piece of a
+gradient, the gradients of inputs that need none (made, never read), zeros for outputs no
 reader differentiates, and a head gradient array where the backward pass reads one; it
 leaves out the gradient nodes no weight's gradient needs (a loss reads no output
 gradient). Not modelled: in-place outputs (``FInplaceOption``: MXNet's peak is lower by
-them), MXNet's depth-first order of the backward nodes, temporary workspace.
+them), temporary workspace.
 """
 from __future__ import annotations
 
@@ -108,13 +111,13 @@ def _plan_step(graph: Graph, device_of, plan: "_Plan", cap: int) -> None:
                 continue
             readers_left[(value, device_of(r))] += 1
             reads[r].append(value)
-    # the gradient pieces each value receives: one per reading position of a node with a
-    # gradient node
-    pieces: dict[tuple[int, int], int] = defaultdict(int)
-    for i in has_grad:
-        for e in nodes[i].inputs:
+    # the gradient pieces each value receives, in MXNet's order (its gradient pass walks the
+    # operators in reverse topological order): (reader, input position)
+    pieces: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for i in sorted(has_grad, reverse=True):
+        for p, e in enumerate(nodes[i].inputs):
             if (e.node, e.index) in wanted:
-                pieces[(e.node, e.index)] += 1
+                pieces[(e.node, e.index)].append((i, p))
 
     def dead(value, d: int) -> bool:
         return readers_left[(value, d)] == 0 and value not in heads
@@ -134,24 +137,31 @@ def _plan_step(graph: Graph, device_of, plan: "_Plan", cap: int) -> None:
             if ((i, j), d) not in last and dead((i, j), d):
                 plan.release((i, j), d)
     arrived: dict[tuple[int, int], list[tuple[tuple, int]]] = defaultdict(list)
-    seen: dict[tuple[int, int], int] = defaultdict(int)
-    for i in reversed(ops):
-        node, d = nodes[i], device_of(i)
-        if i not in has_grad:
+    ograds: dict[tuple[int, int], tuple[tuple, int]] = {}
+    read = {i: [(i, j) for j in range(len(nodes[i].outputs))
+                if (i, j) not in heads and not loss[i]] for i in has_grad}
+    weights = [(i, 0) for i, n in enumerate(nodes) if n.is_variable and (i, 0) in wanted]
+    for kind, item in _backward_order(weights, read, pieces, cap):
+        if kind == "sum":
+            if nodes[item[0]].is_variable:    # a weight's pieces: summed into its gradient
+                for key, dev in arrived.pop(item, ()):
+                    plan.release(key, dev)
+            else:
+                ograds[item] = _output_gradient(plan, item, device_of(item[0]),
+                                                arrived.pop(item, []), cap)
             continue
-        used = []     # (key, device) the gradient node reads, released after it
-        for j in range(len(node.outputs)):
-            if (i, j) not in heads and not loss[i]:   # a head's: its head gradient array
-                used.append(_output_gradient(plan, (i, j), d, arrived.pop((i, j), []), cap))
+        i = item
+        node, d = nodes[i], device_of(i)
+        used = [ograds.pop(value) for value in read[i]]
         made, after = [], []
         for p, e in enumerate(node.inputs):
             value = (e.node, e.index)
             if value not in wanted:
                 made.append((("nograd", i, p), value))    # made, never read
                 after.append((("nograd", i, p), d))
-            elif not (nodes[e.node].is_variable and pieces[value] == 1):
+            elif not (nodes[e.node].is_variable and len(pieces[value]) == 1):
                 made.append((("piece", i, p), value))
-                if pieces[value] >= cap and arrived[value]:    # added into the chain
+                if len(pieces[value]) >= cap and arrived[value]:    # added into the chain
                     after.append((("piece", i, p), d))
                 else:
                     arrived[value].append((("piece", i, p), d))
@@ -163,13 +173,49 @@ def _plan_step(graph: Graph, device_of, plan: "_Plan", cap: int) -> None:
             readers_left[(value, d)] -= 1
             if dead(value, d):
                 plan.release(value, d)
-        for e in node.inputs:      # a weight's pieces, all in: summed into its gradient
-            value = (e.node, e.index)
-            if nodes[e.node].is_variable and value in arrived:
-                seen[value] += 1
-                if seen[value] == pieces[value]:
-                    for key, dev in arrived.pop(value):
-                        plan.release(key, dev)
+
+
+def _backward_order(weights: list[tuple[int, int]], read: dict[int, list[tuple[int, int]]],
+                    pieces: dict[tuple[int, int], list[tuple[int, int]]], cap: int
+                    ) -> list[tuple[str, object]]:
+    """The order in which MXNet runs the backward graph: ``("node", i)``, operator ``i``'s
+    gradient node; ``("sum", value)``, the sum of ``value``'s gradient pieces. The
+    executor orders its graph depth-first from its outputs (``IndexedGraph``'s post-order,
+    inputs before control dependencies), and the backward graph's outputs are the weights'
+    gradients in argument order: a weight's sum runs when its output is reached, after
+    everything its pieces need, so below the cap every weight's pieces wait for the sums at
+    the end of the pass. A gradient node reads its outputs' summed gradients (each summed
+    right after its pieces); at or above the cap, piece ``k``'s maker also waits for the
+    sum of pieces ``0..k-1`` (a control dependency, src/executor/graph_executor.cc,
+    AggregateGradient)."""
+    after: dict[int, list[int]] = defaultdict(list)    # the control dependencies
+    for ps in pieces.values():
+        if len(ps) >= cap:
+            for (c, _), (before, _) in zip(ps[1:], ps):
+                if c != before:
+                    after[c].append(before)
+    order: list[tuple[str, object]] = []
+    done: set = set()
+
+    def children(item):
+        kind, x = item
+        if kind == "sum":
+            return [("node", c) for c, _ in pieces.get(x, ())]
+        return [("sum", v) for v in read[x]] + [("node", c) for c in after.get(x, ())]
+
+    for root in weights:
+        stack = [(("sum", root), iter(children(("sum", root))))]
+        done.add(("sum", root))
+        while stack:
+            item, rest = stack[-1]
+            child = next(rest, None)
+            if child is None:
+                stack.pop()
+                order.append(item)
+            elif child not in done:
+                done.add(child)
+                stack.append((child, iter(children(child))))
+    return order
 
 
 def _gradient_nodes(graph: Graph, grads) -> tuple[set[tuple[int, int]], set[int]]:

@@ -87,15 +87,51 @@ def test_a_weight_read_three_times_holds_three_gradient_pieces(monkeypatch):
     assert peak_memory(graph, lambda i: 0, 1) == (940 - 24,)
 
 
+def _two_weights():
+    """Two towers ``top_i = FC(FC(x_i, w0), w1)`` (x_i (4, 6), w0 (5, 6), w1 (3, 5), no
+    bias), their outputs concatenated, summed, MakeLoss; float32, on one device."""
+    w0, w1 = mx.sym.var("w0"), mx.sym.var("w1")
+    outs = []
+    for i in range(2):
+        h = mx.sym.FullyConnected(mx.sym.var(f"x{i}"), w0, num_hidden=5, no_bias=True,
+                                  name=f"fc{i}")
+        outs.append(mx.sym.FullyConnected(h, w1, num_hidden=3, no_bias=True, name=f"top{i}"))
+    loss = mx.sym.MakeLoss(mx.sym.sum(mx.sym.concat(*outs, dim=0), name="total"),
+                           name="loss")
+    return loss, {f"x{i}": (4, 6) for i in range(2)}
+
+
+def test_weight_gradients_are_summed_at_the_end_of_the_backward_pass():
+    """MXNet runs its graph depth first from the outputs, the weights' gradients last: a
+    weight's ElementWiseSum runs when its output is reached, after every gradient node, so
+    each weight's pieces are held to the end of the pass.
+
+    Variables: x0, x1 (96 each), w0 (120) and its gradient, w1 (60) and its: 552.
+    Forward: h0 (80, A), top0 (48, B), h1 (80, C), top1 (48, D) (all read by FC's
+    gradient), concat (96, E), sum (4, F), E free; loss (4): E is out of range, new G; F
+    free. Backward: sum's output gradient (4) takes F, concat's (96) E, F free; the two
+    towers' output gradients (48) take F (grown to 48) and a new H; E free, B and D free.
+    The order is depth first from w0's gradient (pieces from fc1, then fc0): top1's
+    gradient makes h1's (80: E) and w1's piece (60: D grown; H free); fc1's makes x1's
+    (96, never read: C grown to 96, freed) and w0's piece (120: H grown); then top0's makes
+    h0's (80: C) and w1's piece (60: E); fc0's makes x0's (96: A grown) and w0's piece
+    (120: F grown). Blocks 96 + 48 + 96 + 60 + 96 + 120 + 4 + 120 = 640: 1192. Summing
+    w1's pieces once both are in (reverse topological order) would free D and E before
+    fc0's gradient, whose pieces would then fit in them: 1144."""
+    loss, shapes = _two_weights()
+    assert peak_memory(import_symbol(loss, **shapes), lambda i: 0, 1) == (1192,)
+
+
 PROFILED = r"""
 import json, sys
 import mxnet as mx
-from tests.tofu_mx.sim.test_memory import _shared_weight
-loss, shapes = _shared_weight(3)
+import tofu_mx
+from tests.tofu_mx.sim.test_memory import _shared_weight, _two_weights
+loss, shapes = _shared_weight(3) if sys.argv[2] == "shared" else _two_weights()
 mx.profiler.set_config(profile_memory=True, profile_symbolic=False, profile_imperative=False,
                        aggregate_stats=False, filename=sys.argv[1])
 mx.profiler.set_state("run")
-exe = loss.simple_bind(mx.cpu(0), grad_req={n: "write" if n == "w" else "null"
+exe = loss.simple_bind(mx.cpu(0), grad_req={n: "write" if n.startswith("w") else "null"
                                             for n in loss.list_arguments()}, **shapes)
 exe.forward(is_train=True)
 exe.backward()
@@ -105,21 +141,33 @@ mx.profiler.dump()
 """
 
 
-def test_mxnet_holds_what_the_plan_says_for_a_shared_weight(tmp_path):
-    """MXNet's storage profiler, bind to the end of one forward + backward pass, on the
-    graph of the test above: 940 B, in a fresh process (nothing else allocated on cpu(0);
-    MXNet's gradient-sum cap at its default, 8)."""
+def _profiled(tmp_path, graph: str) -> int:
+    """MXNet's storage profiler's peak on cpu(0), bind to the end of one forward + backward
+    pass of ``graph``, in a fresh process (nothing else allocated on cpu(0); MXNet's
+    gradient-sum cap at its default, 8)."""
     trace = str(tmp_path / "trace.json")
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", None)
-    subprocess.run([sys.executable, "-c", PROFILED, trace], env=env, check=True,
+    subprocess.run([sys.executable, "-c", PROFILED, trace, graph], env=env, check=True,
                    capture_output=True, timeout=120)
     with open(trace) as f:
         events = json.load(f)["traceEvents"]
-    held = [int(next(iter(e["args"].values()))) for e in events
-            if e.get("ph") == "C" and e["name"] == "Memory: cpu/0"]
+    return max(int(next(iter(e["args"].values()))) for e in events
+               if e.get("ph") == "C" and e["name"] == "Memory: cpu/0")
+
+
+def test_mxnet_holds_what_the_plan_says_for_a_shared_weight(tmp_path):
+    """The graph of the test above: 940 B, as planned."""
     loss, shapes = _shared_weight(3)
-    assert max(held) == 940 == peak_memory(import_symbol(loss, **shapes), lambda i: 0, 1)[0]
+    assert _profiled(tmp_path, "shared") == 940 == peak_memory(
+        import_symbol(loss, **shapes), lambda i: 0, 1)[0]
+
+
+def test_mxnet_holds_every_weights_pieces_to_the_end(tmp_path):
+    """The two towers above: MXNet holds 1196 B, the plan 1192 (summing each weight once
+    its pieces are in: 1144)."""
+    loss, shapes = _two_weights()
+    assert _profiled(tmp_path, "towers") == 1196
 
 
 def test_a_negative_optimizer_state_is_refused(two_devices):
