@@ -197,6 +197,11 @@ def machines_table(rows, machine) -> list[str]:
         if model.label not in PROJECTED:
             continue
         tofu = results["tofu"]
+        if not tofu.fits:
+            out.append(f"| {model.label} | - | - | - | - | does not fit one machine | - | - | "
+                       f"- | - | - |")
+            reading.append(f"{model.label} fits no machine ({tofu.note}): nothing to project")
+            continue
         got = [sim.project_to_machines(tofu, machine, n) for n in MACHINE_COUNTS]
         for g in got:
             out.append(

@@ -22,7 +22,8 @@
   partitioned Symbol ``partition()`` really produces (its shard graph, with every
   conversion), not the plan's byte count;
 - ``"tofu-machine"``: the plan ``partition(machine=...)`` chooses by this simulator's step
-  time (the fastest of its candidates that fits; the note names it);
+  time (the fastest of its candidates that fits, each plan routed as it is and through the
+  machine's device groups; the note names it);
 - ``"tofu-memory"``: the plan moving the fewest bytes that fits the machine's memory
   (``partition(memory_budget=...)``); as the plan counts what a device holds at the end of
   the forward pass and the simulation its peak, the budget is lowered (up to ``RETRIES``
