@@ -712,13 +712,13 @@ def relayed_reads(program: Program, group_size: int,
         for pos, ref in enumerate(step.inputs):
             reads.setdefault(ref, []).append((s, pos))
     moved: dict[tuple[int, int], int] = {}      # (step, position) -> relay (index in relays)
-    relays: list[tuple[Ref, int, Account | None, bool, str]] = []  # (reads, device, ...)
+    #: each relay: (the value it reads, its device, account, again, name)
+    relays: list[tuple[Ref, int, Account | None, bool, str]] = []
     dropped: set[int] = set()                   # SENDs whose readers read a relay now
     retarget: dict[int, int] = {}               # a SEND kept -> the gateway it goes to
 
     def gateway(src: int, devices) -> int:
-        mirror = devices[0] // group_size * group_size + src % group_size
-        return mirror if mirror in devices else min(devices)
+        return _gateway(src, devices, group_size)
 
     def relay(source: Ref, device: int, group_reads: list[tuple[int, int]], again: bool):
         first = steps[min(group_reads)[0]]
@@ -785,6 +785,14 @@ def relayed_reads(program: Program, group_size: int,
                    program.num_devices, program.placement)
 
 
+def _gateway(src: int, devices, group_size: int) -> int:
+    """Of ``devices`` (all in one group), the one a value from device ``src`` crosses to:
+    the one at ``src``'s position in its group where it is among them, else the first (so
+    the groups' devices share the crossings out)."""
+    mirror = min(devices) // group_size * group_size + src % group_size
+    return mirror if mirror in devices else min(devices)
+
+
 def _cuts_moved(program: Program, group_size: int, needs_send: Callable[[Step], bool]
                 ) -> Program:
     """``program`` with each cut whose pieces are all read, and read only, by devices of
@@ -810,8 +818,7 @@ def _cuts_moved(program: Program, group_size: int, needs_send: Callable[[Step], 
         if (len(groups) != 1 or step.device // group_size in groups or step.again
                 or s in heads or len(read[s]) != len(step.outputs)):
             continue
-        mirror = min(devices) // group_size * group_size + step.device % group_size
-        moved[s] = mirror if mirror in devices else min(devices)
+        moved[s] = _gateway(step.device, devices, group_size)
     if not moved:
         return program
     new: list[Step] = []
