@@ -717,9 +717,6 @@ def relayed_reads(program: Program, group_size: int,
     dropped: set[int] = set()                   # SENDs whose readers read a relay now
     retarget: dict[int, int] = {}               # a SEND kept -> the gateway it goes to
 
-    def gateway(src: int, devices) -> int:
-        return _gateway(src, devices, group_size)
-
     def relay(source: Ref, device: int, group_reads: list[tuple[int, int]], again: bool):
         first = steps[min(group_reads)[0]]
         relays.append((source, device, first.read_account(min(group_reads)[1]), again,
@@ -740,7 +737,8 @@ def relayed_reads(program: Program, group_size: int,
             if len(members) < 2:
                 continue
             # the first SEND stays (its readers come after it), now to the gateway
-            gate, device = members[0], gateway(src, sorted(steps[s].to for s in members))
+            gate, device = members[0], _gateway(src, [steps[s].to for s in members],
+                                                 group_size)
             retarget[gate] = device
             relay(Ref(gate), device, [r for s in members for r in reads.get(Ref(s), ())],
                   again)
@@ -757,7 +755,7 @@ def relayed_reads(program: Program, group_size: int,
         for (_, again), group_reads in by_group.items():
             devices = sorted({steps[s].device for s, _ in group_reads})
             if len(devices) >= 2:
-                relay(ref, gateway(src, devices), group_reads, again)
+                relay(ref, _gateway(src, devices, group_size), group_reads, again)
     if not relays:
         return program
     after: dict[int, list[int]] = {}            # step -> the relays reading it
@@ -804,12 +802,11 @@ def _cuts_moved(program: Program, group_size: int, needs_send: Callable[[Step], 
     (:meth:`_Route.send`)."""
     steps = program.steps
     readers: dict[int, set[int]] = {}           # cut -> the devices reading its pieces
-    read: dict[int, set[int]] = {}              # cut -> its outputs read
     for step in steps:
         for ref in step.inputs:
             if steps[ref.step].kind in (StepKind.SLICE, StepKind.SPLIT):
                 readers.setdefault(ref.step, set()).add(step.device)
-                read.setdefault(ref.step, set()).add(ref.output)
+    read = program.outputs_read()
     heads = {ref.step for ref in program.heads}
     moved: dict[int, int] = {}                  # cut -> the device it is made on
     for s, devices in readers.items():

@@ -148,7 +148,7 @@ def _plan_step(graph: Graph, device_of, plan: "_Plan", cap: int) -> None:
                     plan.release(key, dev)
             else:
                 ograds[item] = _output_gradient(plan, item, device_of(item[0]),
-                                                arrived.pop(item, []), cap)
+                                                arrived.pop(item, []))
             continue
         i = item
         node, d = nodes[i], device_of(i)
@@ -238,7 +238,7 @@ def _gradient_nodes(graph: Graph, grads) -> tuple[set[tuple[int, int]], set[int]
 
 
 def _output_gradient(plan: "_Plan", value: tuple[int, int], d: int,
-                     pieces: list[tuple[tuple, int]], cap: int) -> tuple[tuple, int]:
+                     pieces: list[tuple[tuple, int]]) -> tuple[tuple, int]:
     """The summed gradient of ``value`` on device ``d``, from its ``pieces``; returns its
     key there."""
     if not pieces:      # no reader made one: MXNet's zeros of the output's size
