@@ -1,19 +1,29 @@
 """Calibrate the simulator on this machine's CPU, then check its predictions.
 
-    python bench/calibrate.py          # about 3 minutes on 2 cores
+    python bench/calibrate.py          # about 4 minutes on 2 cores
 
-1. **Fit** the ``cpu`` machine from single-operator forward+backward steps on ``cpu(0)``,
-   with the simulator's own formulas (a step of one operator costs two launches and
-   ``1 + BACKWARD_RATIO`` times its forward work): the launch from a tiny ReLU, the FLOP/s
-   from a large fully connected layer, a convolution's share of it from a large
-   convolution (MXNet's CPU convolution without oneDNN, which tofu_mx turns off for
-   multi-device graphs, is far slower per FLOP; it also runs one matrix product per sample,
-   reading its weight each time: ``Machine.per_sample``), the memory bandwidth from a large
-   ReLU,
-   and the link between ``cpu(i)`` devices from copies of a large and a tiny array.
-2. **Predict and measure** one training step (forward and backward) of small models,
-   unpartitioned on ``cpu(0)`` and partitioned over ``cpu(0)``, ``cpu(1)`` (the devices
-   share the two cores: ``Machine.shared_compute``), and report the error per model.
+1. **Fit** the ``cpu`` machine with the simulator's own formulas (an operator's step is a
+   forward and a backward task, each a launch, and ``1 + BACKWARD_RATIO`` times its forward
+   work), from what MXNet's executor does when it runs a model:
+
+   - the launch, from the slope of a chain of tiny ReLUs (the executor runs a device's
+     operators in bulk: a fraction of a microsecond each, where one operator's step alone
+     costs tens of microseconds of fixed overhead);
+   - the memory bandwidth, from the slope of a chain of 4 MiB ReLUs;
+   - the link between ``cpu(i)`` devices, from the same chains alternating between
+     ``cpu(0)`` and ``cpu(1)`` (each ReLU's input copied over, its gradient back): as the
+     executor copies, into buffers it planned, not as ``NDArray.copyto`` allocates;
+   - the FLOP/s from a large fully connected layer, and a convolution's share of it from a
+     large convolution (MXNet's CPU convolution without oneDNN, which tofu_mx turns off for
+     multi-device graphs, is slower per FLOP; it also runs one matrix product per sample,
+     reading its weight each time: ``Machine.per_sample``); each solved from the
+     simulator's step of that operator, its memory traffic added to its arithmetic
+     (``Machine.memory_overlap=False``: MXNet's CPU kernels do not overlap the two; the
+     roofline's maximum put small-batch matrix products 30% fast).
+2. **Predict and measure** one training step (forward and backward) of small models: on
+   ``cpu(0)``; partitioned over ``cpu(0)``, ``cpu(1)`` (the devices share the two cores:
+   ``Machine.shared_compute``) by the default plan; and by the plan
+   ``partition(machine=...)`` chooses on the fitted machine; and report the error of each.
    Each step is also predicted with every distinct operator timed alone instead of its
    roofline: what error is left is the schedule's and the transfers'.
 3. **By operator kind**, for the first model: each distinct operator measured alone against
@@ -23,7 +33,6 @@ Writes bench/out/calibration.md.
 """
 import dataclasses
 import os
-import statistics
 import sys
 import time
 
@@ -43,8 +52,9 @@ from benchlib import table, write_out  # noqa: E402
 REPEATS = 10
 
 
-def median_step(exe, repeats: int = REPEATS) -> float:
-    """Median forward+backward seconds of a bound executor (one warm-up step)."""
+def best_step(exe, repeats: int = REPEATS) -> float:
+    """Fastest forward+backward seconds of a bound executor over ``repeats`` steps (after one
+    warm-up): the least disturbed by the other work this shared machine runs."""
     times = []
     for r in range(repeats + 1):
         start = time.perf_counter()
@@ -53,7 +63,7 @@ def median_step(exe, repeats: int = REPEATS) -> float:
         mx.nd.waitall()
         if r:
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def bind(sym, ctx=mx.cpu(0), **shapes):
@@ -68,59 +78,88 @@ def bind(sym, ctx=mx.cpu(0), **shapes):
 
 
 def one_op_step(sym, **shapes) -> float:
-    return median_step(bind(sym, **shapes))
+    return best_step(bind(sym, **shapes))
 
 
-def copy_seconds(nbytes: int, repeats: int = REPEATS) -> float:
-    x = mx.nd.ones((nbytes // 4,), ctx=mx.cpu(0))
-    times = []
-    for r in range(repeats + 1):
-        start = time.perf_counter()
-        x.copyto(mx.cpu(1)).wait_to_read()
-        if r:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def relu_chain(length: int, shape, alternate: bool = False) -> float:
+    """The step of ``length`` ReLUs in a row over an array of ``shape``, all on ``cpu(0)``
+    or, with ``alternate``, on ``cpu(0)`` and ``cpu(1)`` in turn (each value and its gradient
+    copied between them): MXNet's executor runs such a chain as it runs a model's, in bulk."""
+    with mx.AttrScope(ctx_group="g0"):
+        y = mx.sym.var("x")
+    for i in range(length):
+        with mx.AttrScope(ctx_group=f"g{i % 2 if alternate else 0}"):
+            y = mx.sym.relu(y)
+    with mx.AttrScope(ctx_group=f"g{(length - 1) % 2 if alternate else 0}"):
+        loss = mx.sym.make_loss(mx.sym.sum(y))
+    return best_step(loss.simple_bind(mx.cpu(0), group2ctx={"g0": mx.cpu(0), "g1": mx.cpu(1)},
+                                      x=shape))
+
+
+def per_relu(shape, alternate: bool = False, short: int = 2, long: int = 42) -> float:
+    """Seconds each ReLU of a chain adds to the step (forward and backward): the slope
+    between a short and a long chain, so the step's fixed cost drops out."""
+    return (relu_chain(long, shape, alternate) - relu_chain(short, shape, alternate)) / \
+        (long - short)
+
+
+def solve(sym, shapes, measured: float, machine_at, guess: float) -> float:
+    """The value ``x`` for which the simulator's step of ``sym`` on ``machine_at(x)`` (one
+    device) is ``measured``, where ``x`` divides the step's arithmetic (a FLOP/s, or an
+    operator's share of it): the step is ``A + C / x``, read at ``guess`` and ``2 guess``."""
+    def step(x):
+        one = dataclasses.replace(machine_at(x), num_devices=1, group_size=1)
+        return sim.simulate(sym, one, "ideal", **shapes).step_time
+    at, twice = step(guess), step(2 * guess)
+    arithmetic = 2 * (at - twice) * guess          # C
+    rest = at - arithmetic / guess                 # A: launches and memory traffic
+    return arithmetic / max(measured - rest, 1e-9)
 
 
 def fit() -> tuple[sim.Machine, list[tuple]]:
+    """The ``cpu`` machine, from chains of operators run as MXNet's executor runs a model
+    (see the module's docstring), and single large operators for the FLOP/s."""
     x = mx.sym.var("x")
     scale = 1 + BACKWARD_RATIO
-    tiny = one_op_step(mx.sym.make_loss(mx.sym.relu(x, name="op")), x=(4, 4))
-    launch = tiny / 2
+    tiny, big = (4, 4), (1024, 1024)
+    tiny_op, big_op = per_relu(tiny, long=202), per_relu(big, long=12)
+    launch = tiny_op / 2                          # a forward and a backward task per ReLU
+    relu_bytes = 2 * 4 * big[0] * big[1]
+    bandwidth = scale * relu_bytes / max(big_op - 2 * launch, 1e-9)
+    # every ReLU of the alternating chain also copies its input over, and its gradient back
+    latency = max(per_relu(tiny, alternate=True, long=202) - tiny_op, 0.0) / 2
+    big_copy = max(per_relu(big, alternate=True, long=12) - big_op, 1e-9) / 2
+    link = sim.Link(4 * big[0] * big[1] / max(big_copy - latency, 1e-9), latency)
+    machine = sim.Machine("cpu", 2, 16 << 30, 100e9, bandwidth, launch, 2, peer=link,
+                          bridge=link, host=link, shared_compute=True,
+                          per_sample=(("Convolution", 1),), memory_overlap=False,
+                          source=f"bench/calibrate.py, {time.strftime('%Y-%m-%d')}")
     n, width = 256, 1024
     fc = mx.sym.make_loss(mx.sym.sum(mx.sym.FullyConnected(x, num_hidden=width, name="op")))
     fc_t = one_op_step(fc, x=(n, width))
-    fc_flops = n * width * (2 * width + 1)
-    flops = scale * fc_flops / max(fc_t - 4 * launch, 1e-9)
-    big = (4096, 4096)
-    relu_t = one_op_step(mx.sym.make_loss(mx.sym.relu(x, name="op")), x=big)
-    relu_bytes = 2 * 4 * big[0] * big[1]
-    bandwidth = scale * relu_bytes / max(relu_t - 2 * launch, 1e-9)
+    flops = solve(fc, {"x": (n, width)}, fc_t, lambda r: dataclasses.replace(machine, flops=r),
+                  50e9)
+    machine = dataclasses.replace(machine, flops=flops)
     conv_shape, filters = (8, 64, 32, 32), 64
     conv = mx.sym.make_loss(mx.sym.sum(mx.sym.Convolution(
         x, num_filter=filters, kernel=(3, 3), pad=(1, 1), no_bias=True, name="op")))
     conv_t = one_op_step(conv, x=conv_shape)
-    conv_flops = conv_shape[0] * filters * 32 * 32 * 2 * conv_shape[1] * 9
-    conv_rate = scale * conv_flops / max(conv_t - 4 * launch, 1e-9)
-    small_copy, large = copy_seconds(64), 64 << 20
-    large_copy = copy_seconds(large)
-    link = sim.Link(large / max(large_copy - small_copy, 1e-9), small_copy)
-    machine = sim.Machine("cpu", 2, 16 << 30, flops, bandwidth, launch, 2, peer=link,
-                          bridge=link, host=link, shared_compute=True,
-                          efficiency=(("Convolution", min(conv_rate / flops, 1.0)),),
-                          per_sample=(("Convolution", 1),),
-                          source=f"bench/calibrate.py, {time.strftime('%Y-%m-%d')}")
-    rows = [("tiny ReLU (4 x 4), step", f"{tiny * 1e6:.0f} us", f"launch {launch * 1e6:.1f} us"),
+    share = min(solve(conv, {"x": conv_shape}, conv_t, lambda e: dataclasses.replace(
+        machine, efficiency=(("Convolution", e),)), 0.25), 1.0)
+    machine = dataclasses.replace(machine, efficiency=(("Convolution", share),))
+    conv_rate = machine.rate("Convolution")
+    rows = [("a ReLU in a chain of 4 x 4 ReLUs, forward + backward",
+             f"{tiny_op * 1e6:.2f} us", f"launch {launch * 1e6:.2f} us"),
             (f"FullyConnected {n} x {width} -> {width}, step", f"{fc_t * 1e3:.2f} ms",
              f"{flops / 1e9:.1f} GFLOP/s"),
             ("Convolution 8 x 64 x 32 x 32, 64 filters 3 x 3, step",
              f"{conv_t * 1e3:.2f} ms", f"{conv_rate / 1e9:.1f} GFLOP/s "
                                        f"({conv_rate / flops:.2f} of the above)"),
-            ("ReLU 4096 x 4096, step", f"{relu_t * 1e3:.2f} ms",
+            ("a ReLU in a chain of 1024 x 1024 ReLUs", f"{big_op * 1e3:.2f} ms",
              f"{bandwidth / 1e9:.1f} GB/s"),
-            ("copy cpu(0) -> cpu(1), 64 B / 64 MiB", f"{small_copy * 1e6:.0f} us / "
-             f"{large_copy * 1e3:.2f} ms", f"link {link.bandwidth / 1e9:.1f} GB/s, "
-             f"{link.latency * 1e6:.0f} us")]
+            ("a copy cpu(0) <-> cpu(1) in a chain alternating devices, 64 B / 4 MiB",
+             f"{latency * 1e6:.2f} us / {big_copy * 1e6:.0f} us",
+             f"link {link.bandwidth / 1e9:.1f} GB/s, {link.latency * 1e6:.2f} us")]
     return machine, rows
 
 
@@ -145,31 +184,36 @@ def mlp():
 
 
 def check(machine: sim.Machine) -> list[tuple]:
+    """Each model's step measured and predicted three ways: on ``cpu(0)``; partitioned over
+    ``cpu(0)`` and ``cpu(1)`` by the default (fewest-bytes) plan; and by the plan
+    ``partition(machine=...)`` chooses on the fitted machine."""
     rows = []
+    single = dataclasses.replace(machine, num_devices=1, group_size=1)
+    ctx = [mx.cpu(0), mx.cpu(1)]
+
+    def err(p, m):
+        return f"{(p / m - 1) * 100:+.0f}%"
     for label, make in CASES:
         sym, shapes = make()
-        measured_one = median_step(bind(sym, **shapes))
-        ptd = tofu_mx.partition(sym, [mx.cpu(0), mx.cpu(1)], **shapes)
-        params = {n.name for n in ptd.graph.variables("param")}
-        many = ptd.simple_bind(grad_req={n: "write" if n in params else "null"
-                                         for n in sym.list_arguments()})
-        measured_two = median_step(many)
-        single = dataclasses.replace(machine, num_devices=1, group_size=1)
-        one = sim.simulate(sym, single, "ideal", **shapes).step_time
-        two = sim.simulate(sym, machine, "tofu", **shapes).step_time
-        index = {g: d for d, g in enumerate(ptd.group2ctx)}
-        graph = ptd.shard_graph
-        one_m = with_measured_operators(single, import_graph(sym, **shapes), lambda i: 0)
-        two_m = with_measured_operators(machine, graph,
-                                        lambda i: index.get(placed_group(graph, i), 0))
-
-        def err(p, m):
-            return f"{(p / m - 1) * 100:+.0f}%"
-        rows.append((label, f"{measured_one * 1e3:.1f}", f"{one * 1e3:.1f}",
-                     err(one, measured_one), err(one_m, measured_one),
-                     f"{measured_two * 1e3:.1f}", f"{two * 1e3:.1f}", err(two, measured_two),
-                     err(two_m, measured_two)))
-        print(" | ".join(rows[-1]), flush=True)
+        graph = import_graph(sym, **shapes)
+        runs = [("cpu(0)", best_step(bind(sym, **shapes)),
+                 sim.simulate(sym, single, "ideal", **shapes).step_time,
+                 with_measured_operators(single, graph, lambda i: 0))]
+        for plan, ptd in (("2 devices, default plan", tofu_mx.partition(sym, ctx, **shapes)),
+                          ("2 devices, `machine=` plan",
+                           tofu_mx.partition(sym, ctx, machine=machine, **shapes))):
+            params = {n.name for n in ptd.graph.variables("param")}
+            measured = best_step(ptd.simple_bind(grad_req={
+                n: "write" if n in params else "null" for n in sym.list_arguments()}))
+            index = {g: d for d, g in enumerate(ptd.group2ctx)}
+            shards = ptd.shard_graph
+            runs.append((plan, measured, sim.partitioned_step(ptd, machine)[0],
+                         with_measured_operators(machine, shards, lambda i, s=shards: index.get(
+                             placed_group(s, i), 0))))
+        for where, measured, predicted, timed in runs:
+            rows.append((label, where, f"{measured * 1e3:.1f}", f"{predicted * 1e3:.1f}",
+                         err(predicted, measured), err(timed, measured)))
+            print(" | ".join(rows[-1]), flush=True)
     return rows
 
 
@@ -192,7 +236,7 @@ class Alone:
         if key not in self.times:
             try:
                 op = single_op_symbol(node.op, dict(key[1]), len(ins), len(node.outputs))
-                total = median_step(mx.sym.make_loss(mx.sym.sum(op[0])).simple_bind(
+                total = best_step(mx.sym.make_loss(mx.sym.sum(op[0])).simple_bind(
                     mx.cpu(0), grad_req="write", **dict(zip(op.list_arguments(), ins))), 5)
                 self.times[key] = max(total - self.loss(node.outputs[0].shape), 0.0)
             except Exception:   # noqa: BLE001  (an operator MXNet cannot bind alone)
@@ -202,7 +246,7 @@ class Alone:
     def loss(self, shape) -> float:
         """The step of the loss an operator's output is summed into (once per shape)."""
         if shape not in self.losses:
-            self.losses[shape] = median_step(mx.sym.make_loss(mx.sym.sum(
+            self.losses[shape] = best_step(mx.sym.make_loss(mx.sym.sum(
                 mx.sym.var("x"))).simple_bind(mx.cpu(0), grad_req="write", x=shape), 5)
         return self.losses[shape]
 
@@ -253,12 +297,11 @@ def main():
     per_op = by_operator(machine, *make())
     print(table(["operator", "predicted", "measured alone"], per_op), flush=True)
     out = ["# Simulator calibration on this machine's CPU", "",
-           f"`python bench/calibrate.py`, {time.strftime('%Y-%m-%d')}; median of {REPEATS} "
-           f"steps after one warm-up.", "", "## Fitted `cpu` machine", "",
+           f"`python bench/calibrate.py`, {time.strftime('%Y-%m-%d')}; the fastest of {REPEATS} "
+           f"steps after one warm-up (the least disturbed on a shared machine).", "", "## Fitted `cpu` machine", "",
            table(["measured", "time", "fitted"], fitted), "",
            "## One training step: measured against predicted (ms)", "",
-           table(["model", "cpu(0) measured", "predicted", "error",
-                  "error, operators measured", "2 cpu devices measured", "predicted", "error",
+           table(["model", "run on", "measured", "predicted", "error",
                   "error, operators measured"], checked), "",
            "\"Operators measured\": the simulator's step with each distinct operator timed "
            "alone on cpu(0) instead of its roofline, so what is left is the schedule's and the "

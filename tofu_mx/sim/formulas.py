@@ -3,7 +3,9 @@ each a closed form tested on hand-computed cases.
 
 - :func:`compute_time`: one operator on one device, by the roofline: its launch, then the
   longer of its FLOPs at the rate the device reaches for it (its peak, or less where the
-  machine measured less for that operator) and its bytes at the device's memory bandwidth.
+  machine measured less for that operator) and its bytes at the device's memory bandwidth;
+  or their sum where the machine's kernels do not overlap the two
+  (``Machine.memory_overlap``: MXNet's CPU kernels).
 - :func:`transfer_time`: bytes from one device to another (or to host memory) over the link
   the transfer crosses: the link's latency, then the bytes at its bandwidth.
 - :func:`swap_time`: bytes every device moves to and from host memory at once, where
@@ -32,7 +34,9 @@ def compute_time(flops: float, nbytes: float, machine: Machine, op: str | None =
     operator, for the FLOP/s it reaches there (:meth:`Machine.rate`)."""
     flops = arguments.real(flops, "flops", minimum=0)
     nbytes = arguments.real(nbytes, "nbytes", minimum=0)
-    return machine.launch + max(flops / machine.rate(op), nbytes / machine.memory_bandwidth)
+    arithmetic, traffic = flops / machine.rate(op), nbytes / machine.memory_bandwidth
+    return machine.launch + (max(arithmetic, traffic) if machine.memory_overlap
+                             else arithmetic + traffic)
 
 
 def transfer_time(nbytes: float, link: Link) -> float:

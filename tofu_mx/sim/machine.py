@@ -72,6 +72,9 @@ class Machine:
     per_sample: tuple[tuple[str, int], ...] = ()
     #: to the other machines of a cluster, all devices sharing it (None: a machine alone)
     network: Link | None = None
+    #: an operator's memory traffic overlaps its arithmetic (the roofline: the longer of the
+    #: two); False where they add up, as measured of MXNet's CPU kernels (bench/calibrate.py)
+    memory_overlap: bool = True
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -97,6 +100,8 @@ class Machine:
         set_(self, "bridge_shared", arguments.flag(self.bridge_shared, "Machine.bridge_shared"))
         set_(self, "shared_compute", arguments.flag(self.shared_compute,
                                                     "Machine.shared_compute"))
+        set_(self, "memory_overlap", arguments.flag(self.memory_overlap,
+                                                    "Machine.memory_overlap"))
         set_(self, "efficiency", tuple(
             (op, arguments.real(e, f"Machine.efficiency[{op!r}]", minimum=0, strict=True,
                                 maximum=1, example="efficiency=(('Convolution', 0.2),)"))

@@ -25,6 +25,14 @@ def test_compute_time_is_the_launch_and_the_roofline():
     assert sim.compute_time(0, 0, m) == pytest.approx(1e-6)
 
 
+def test_where_memory_does_not_overlap_arithmetic_the_two_add_up():
+    m = toy(memory_overlap=False)
+    assert sim.compute_time(2e9, 10e6, m) == pytest.approx(1e-6 + 2e-3 + 1e-4)
+    assert sim.compute_time(1e6, 1e9, m) == pytest.approx(1e-6 + 1e-6 + 1e-2)
+    with pytest.raises(InvalidArgumentError, match="memory_overlap"):
+        toy(memory_overlap="no")
+
+
 def test_an_operator_measured_slower_runs_at_its_own_rate():
     m = toy(efficiency=(("Convolution", 0.25),))
     assert m.rate("Convolution") == 0.25e12 and m.rate("FullyConnected") == m.rate() == 1e12
