@@ -6,11 +6,11 @@
 - :mod:`tofu_mx.sim.formulas`: an operator's roofline time, a transfer, swapping to host
   memory, a ring all-reduce;
 - :func:`operator_work`: an operator's forward FLOPs and bytes, counted on its TDL
-  description;
+  description, and the FLOPs each input's gradient repeats;
 - :mod:`tofu_mx.sim.schedule`: a step's tasks on devices and links, run as MXNet's engine
   runs them;
 - :mod:`tofu_mx.sim.memory`: what each device holds, at the end of the forward pass and at
-  its peak (liveness);
+  its peak (as MXNet's executor plans its memory);
 - :func:`place_operators`: the operator-placement alternative;
 - :func:`simulate` with the strategies :data:`STRATEGIES`;
 - :func:`project_to_machines`: a simulated step on ``N`` machines, data-parallel across
@@ -18,7 +18,9 @@
   pass completes it (in buckets, overlapping the rest of the backward pass).
 
 Not modelled: per-operator cost fits beyond one efficiency per operator (the calibration:
-bench/results/calibration.md), the operators' temporary workspace.
+bench/results/calibration.md), a step's fixed cost (MXNet's executor: tens of microseconds),
+that ``cpu(i)`` devices run memory-bound operators side by side on their own threads (the
+``cpu`` preset shares one processor), the operators' temporary workspace.
 """
 from tofu_mx.sim.cluster import FUSION_BYTES, ClusterResult, project_to_machines
 from tofu_mx.sim.formulas import (compute_time, network_all_reduce_time, ring_all_reduce_time,

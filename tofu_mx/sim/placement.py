@@ -40,9 +40,12 @@ def place_operators(graph: Graph, machine: Machine, cap: float,
     module's docstring)."""
     k = machine.num_devices
     ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
-    seconds = {i: roofline_seconds(graph, i, machine) for i in ops}
+    grads = needs_grad_of(graph)
+    seconds = {i: roofline_seconds(graph, i, machine, [grads[(e.node, e.index)]
+                                                       for e in graph.nodes[i].inputs])
+               for i in ops}
     rank = _ranks(graph, ops, seconds, machine)
-    kept = kept_for_backward(graph, needs_grad_of(graph))
+    kept = kept_for_backward(graph, grads)
     kept_by = {}                               # gradient node -> the values it keeps
     for value, readers in kept.items():
         for r in readers:

@@ -9,8 +9,10 @@ graph, or an unpartitioned one on one device) into tasks:
   placed elsewhere) is a transfer on the link between them, once per value and destination
   (as MXNet copies it);
 - the backward pass mirrors the forward one: each operator that carries a gradient is a task
-  on its device costing ``BACKWARD_RATIO`` times its forward work, after its own forward task
-  and the backward tasks of its readers; a gradient crossing devices is a transfer back (a
+  on its device, after its own forward task and the backward tasks of its readers, costing
+  the operations its inputs' gradients repeat (``Work.input_flops``, for the inputs that need
+  one) and ``BACKWARD_RATIO`` times its forward bytes (an opaque operator: that ratio of its
+  forward bytes); a gradient crossing devices is a transfer back (a
   weight's too, summed on each reading device first);
 - an operator the rewrite marks for mirroring (``__force_mirroring__``: re-fetching) runs
   again before the gradients that read it, fetching again what it reads from other devices,
@@ -26,7 +28,7 @@ operator, and every copy between devices (a copy in memory, made by the processo
 that one.
 
 Not modelled yet: the optimizer's update, several links sharing one switch, and the
-engine's own overheads.
+executor's fixed cost per step (each operator's share of the engine's work is its launch).
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ from tofu_mx.sim.formulas import compute_time, transfer_time
 from tofu_mx.sim.machine import Machine
 from tofu_mx.sim.work import operator_bytes, operator_work
 
-#: the backward pass of an operator against its forward work (a matrix product's gradient is
-#: two products as large: one for its input, one for its weight)
+#: the backward pass of an operator against its forward memory traffic (a matrix product's
+#: gradient is two products as large: one for its input, one for its weight); its arithmetic
+#: is counted per input from the description (``Work.input_flops``)
 BACKWARD_RATIO = 2.0
 
 
@@ -116,7 +119,12 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
     ``backward``, the backward pass); ``device_of(node)``: the device an operator node runs
     on; ``op_seconds(node)``: its forward and backward seconds, when known otherwise (measured)
     than by the roofline."""
-    timed = op_seconds or _alike_once(graph, lambda i: roofline_seconds(graph, i, machine))
+    grads = needs_grad_of(graph)
+
+    def needed(i: int) -> tuple[bool, ...]:
+        return tuple(grads[(e.node, e.index)] for e in graph.nodes[i].inputs)
+    timed = op_seconds or _alike_once(
+        graph, lambda i: roofline_seconds(graph, i, machine, needed(i)), needed)
     tasks: list[Task] = []
     forward: dict[int, int] = {}               # operator node -> its forward task
     sent: dict[tuple[Entry, int], int] = {}    # (value, destination) -> its transfer task
@@ -142,7 +150,6 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
         forward[i] = len(tasks) - 1
     if not backward:
         return tasks
-    grads = needs_grad_of(graph)
     back: dict[int, int] = {}
     returned: dict[tuple[Entry, int], int] = {}   # (value, reader's device) -> gradient sent
     mirrored = mirrored_nodes(graph)
@@ -229,32 +236,38 @@ def gradients_ready(graph: Graph, tasks: Sequence[Task], done: Sequence[float]
     return tuple(sorted((t, graph.nodes[v].outputs[0].nbytes) for v, t in ready.items()))
 
 
-def roofline_seconds(graph: Graph, i: int, machine: Machine) -> tuple[float, float]:
+def roofline_seconds(graph: Graph, i: int, machine: Machine,
+                     needed: Sequence[bool] | None = None) -> tuple[float, float]:
     """Operator ``i``'s forward and backward seconds on ``machine``, by the roofline of its
-    work (the backward pass at ``BACKWARD_RATIO`` times it); an operator without a
+    work: backward, the operations the gradients of its inputs ``needed`` (a flag per input;
+    None: all) repeat, and ``BACKWARD_RATIO`` times its bytes; an operator without a
     description by its bytes alone. Where the machine runs the operator one sample at a
     time (``Machine.per_sample``), the input it names is read once per sample."""
+    node = graph.nodes[i]
     work = operator_work(graph, i)
     if work is None:
-        flops, nbytes, op = 0.0, operator_bytes(graph, i), None
+        flops, back, nbytes, op = 0.0, 0.0, operator_bytes(graph, i), None
     else:
-        flops, nbytes, op = work.flops, work.nbytes, graph.nodes[i].op
-    node = graph.nodes[i]
+        flops, nbytes, op = work.flops, work.nbytes, node.op
+        back = work.backward_flops((True,) * len(node.inputs) if needed is None else needed)
     position = dict(machine.per_sample).get(node.op)
     if position is not None and position < len(node.inputs) and node.outputs[0].shape:
         nbytes += graph.tensor(node.inputs[position]).nbytes * (node.outputs[0].shape[0] - 1)
     return (compute_time(flops, nbytes, machine, op),
-            compute_time(BACKWARD_RATIO * flops, BACKWARD_RATIO * nbytes, machine, op))
+            compute_time(back, BACKWARD_RATIO * nbytes, machine, op))
 
 
-def _alike_once(graph: Graph, seconds: Callable[[int], tuple[float, float]]):
+def _alike_once(graph: Graph, seconds: Callable[[int], tuple[float, float]],
+                needed: Callable[[int], tuple]):
     """``seconds``, computed once for operators alike (the same operator, attributes, input
-    and output shapes and types): a partitioned graph holds many alike shards."""
+    and output shapes and types, inputs needing gradients): a partitioned graph holds many
+    alike shards."""
     known: dict[tuple, tuple[float, float]] = {}
 
     def timed(i: int) -> tuple[float, float]:
         node = graph.nodes[i]
-        key = (node.op, node.attrs, tuple(graph.tensor(e) for e in node.inputs), node.outputs)
+        key = (node.op, node.attrs, tuple(graph.tensor(e) for e in node.inputs), node.outputs,
+               needed(i))
         if key not in known:
             known[key] = seconds(i)
         return known[key]

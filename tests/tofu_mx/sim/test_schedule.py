@@ -148,14 +148,17 @@ def wide_layer():
 
 def test_tofu_on_two_devices_beats_one_on_a_compute_bound_layer():
     """A 2048 x 2048 layer on a batch of 512, on a slow-compute machine with fast links: two
-    devices share the work, so the step takes well under one device's."""
+    devices share the work, so the step takes well under one device's. One device computes
+    the product forward and the weight's gradient backward (the data needs none): two
+    products. Each of two computes half of each, and the default plan runs its half of the
+    forward product again (re-fetching): three halves, 3/4 of one device's step."""
     m = sim.Machine("slow", 2, 1 << 40, 1e11, 1e12, 1e-6, 2, sim.Link(1e12, 1e-6),
                     sim.Link(1e12, 1e-6), sim.Link(1e10, 1e-6))
     sym, shapes = wide_layer()
     ideal = sim.simulate(sym, m, "ideal", **shapes)
     tofu = sim.simulate(sym, m, "tofu", **shapes)
     assert ideal.fits and tofu.fits and len(tofu.peak_memory) == 2
-    assert tofu.step_time < 0.7 * ideal.step_time
+    assert tofu.step_time == pytest.approx(0.75 * ideal.step_time, rel=0.01)
     assert ideal.throughput == pytest.approx(512 / ideal.step_time)
     # fits: against the device's memory
     small = sim.Machine("small", 2, 1 << 20, 1e11, 1e12, 1e-6, 2, sim.Link(1e12, 1e-6),

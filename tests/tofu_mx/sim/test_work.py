@@ -17,9 +17,30 @@ def test_a_fully_connected_layer_costs_two_flops_per_weight_and_sample():
     products (6 multiplies, 6 accumulations) plus the bias: 4 * 3 * (2 * 6 + 1) = 156. Bytes:
     data 4x6, weight 3x6, bias 3 and output 4x3, float32: (24 + 18 + 3 + 12) * 4 = 228."""
     fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3, name="fc")
-    assert work_of(fc, "fc", data=(4, 6)) == Work(156.0, 228)
+    assert work_of(fc, "fc", data=(4, 6)) == Work(156.0, 228, (156.0, 156.0, 12.0))
     no_bias = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3, no_bias=True, name="fc")
-    assert work_of(no_bias, "fc", data=(4, 6)) == Work(4 * 3 * 12.0, (24 + 18 + 12) * 4)
+    assert work_of(no_bias, "fc", data=(4, 6)) == Work(4 * 3 * 12.0, (24 + 18 + 12) * 4,
+                                                       (144.0, 144.0))
+
+
+def test_each_input_s_gradient_repeats_the_operations_that_read_it():
+    """A fully connected layer's data and weight gradients are each a product as large as the
+    forward one (every multiply, accumulation and the bias add reads them); the bias's is
+    one add per output. The first layer's data needs no gradient: its backward pass is one
+    product, not two."""
+    fc = work_of(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3, name="fc"), "fc",
+                 data=(4, 6))
+    assert fc.backward_flops((True, True, True)) == 2 * 156 + 12
+    assert fc.backward_flops((False, True, True)) == 156 + 12
+    assert fc.backward_flops((False, False, False)) == 0
+    conv = work_of(mx.sym.Convolution(mx.sym.var("data"), num_filter=5, kernel=(3, 3),
+                                      pad=(1, 1), name="conv"), "conv", data=(1, 2, 4, 4))
+    assert conv.input_flops == (80 * 37, 80 * 37, 80)
+    # BatchNorm: the data reaches every operation; gamma, beta and the moving statistics
+    # (aux states, which get no gradient) only the per-channel ones
+    bn = work_of(mx.sym.BatchNorm(mx.sym.var("x"), fix_gamma=False, name="bn"), "bn",
+                 x=(4, 3, 5, 5))
+    assert bn.input_flops[0] == bn.flops and max(bn.input_flops[1:]) < bn.flops / 4
 
 
 def test_a_convolution_costs_two_flops_per_tap():
@@ -35,14 +56,15 @@ def test_a_convolution_costs_two_flops_per_tap():
 @pytest.mark.parametrize("act, per_element", [("relu", 1), ("tanh", 1), ("sigmoid", 1)])
 def test_an_elementwise_operator_costs_its_expression_per_element(act, per_element):
     a = mx.sym.Activation(mx.sym.var("x"), act_type=act, name="a")
-    assert work_of(a, "a", x=(3, 7)) == Work(21.0 * per_element, 2 * 21 * 4)
+    assert work_of(a, "a", x=(3, 7)) == Work(21.0 * per_element, 2 * 21 * 4,
+                                             (21.0 * per_element,))
     add = mx.sym.elemwise_add(mx.sym.var("x"), mx.sym.var("y"), name="add")
-    assert work_of(add, "add", x=(3, 7), y=(3, 7)) == Work(21.0, 3 * 21 * 4)
+    assert work_of(add, "add", x=(3, 7), y=(3, 7)) == Work(21.0, 3 * 21 * 4, (21.0, 21.0))
 
 
 def test_a_reshape_moves_bytes_and_computes_nothing():
     r = mx.sym.reshape(mx.sym.var("x"), shape=(6, 2), name="r")
-    assert work_of(r, "r", x=(3, 4)) == Work(0.0, 2 * 12 * 4)
+    assert work_of(r, "r", x=(3, 4)) == Work(0.0, 2 * 12 * 4, (0.0,))
 
 
 def test_an_opaque_operator_is_not_costed():
