@@ -68,7 +68,7 @@ def best_step(exe, repeats: int = REPEATS) -> float:
 
 def bind(sym, ctx=mx.cpu(0), **shapes):
     params = {n.name for n in import_symbol(sym, **shapes).variables("param")}
-    req = {n: "write" if n in params or n == "x" else "null" for n in sym.list_arguments()}
+    req = {n: "write" if n in params else "null" for n in sym.list_arguments()}
     exe = sym.simple_bind(ctx, grad_req=req, **shapes)
     rng = np.random.default_rng(0)
     for name, a in exe.arg_dict.items():
@@ -119,7 +119,9 @@ def solve(sym, shapes, measured: float, machine_at, guess: float) -> float:
 def fit() -> tuple[sim.Machine, list[tuple]]:
     """The ``cpu`` machine, from chains of operators run as MXNet's executor runs a model
     (see the module's docstring), and single large operators for the FLOP/s."""
-    x = mx.sym.var("x")
+    # the operators' input gets a gradient, as in a model's every layer but the first: a
+    # weight added to it (one more small, memory-bound operator the simulator costs too)
+    x = mx.sym.elemwise_add(mx.sym.var("x"), mx.sym.var("shift"))
     scale = 1 + BACKWARD_RATIO
     tiny, big = (4, 4), (1024, 1024)
     tiny_op, big_op = per_relu(tiny, long=202), per_relu(big, long=12)
@@ -218,26 +220,32 @@ def check(machine: sim.Machine) -> list[tuple]:
 
 
 class Alone:
-    """Each distinct operator of a graph (kind, attributes, input shapes) timed alone on
-    ``cpu(0)``, forward and backward, less the loss its output is summed into; split into
-    forward and backward as the simulator splits work (1 : ``BACKWARD_RATIO``). None where
-    MXNet cannot bind it alone."""
+    """Each distinct operator of a graph (kind, attributes, input shapes, inputs that need a
+    gradient) timed alone on ``cpu(0)``, forward and backward, less the loss its output is
+    summed into; split into forward and backward as the simulator splits work
+    (1 : ``BACKWARD_RATIO``). None where MXNet cannot bind it alone."""
 
     def __init__(self, graph):
+        from tofu_mx.search.structure import needs_grad_of
+
         self.graph, self.times, self.losses = graph, {}, {}
+        self.grads = needs_grad_of(graph)
 
     def step(self, i: int) -> float | None:
         from tofu_mx.tdl.registry import single_op_symbol
 
         node, graph = self.graph.nodes[i], self.graph
         ins = tuple(graph.tensor(e).shape for e in node.inputs)
+        needed = tuple("write" if self.grads[(e.node, e.index)] else "null"
+                       for e in node.inputs)
         key = (node.op, tuple((k, v) for k, v in node.attrs.items() if not k.startswith("__")),
-               ins, node.outputs[0].shape)
+               ins, node.outputs[0].shape, needed)
         if key not in self.times:
             try:
                 op = single_op_symbol(node.op, dict(key[1]), len(ins), len(node.outputs))
+                args = op.list_arguments()
                 total = best_step(mx.sym.make_loss(mx.sym.sum(op[0])).simple_bind(
-                    mx.cpu(0), grad_req="write", **dict(zip(op.list_arguments(), ins))), 5)
+                    mx.cpu(0), grad_req=dict(zip(args, needed)), **dict(zip(args, ins))), 5)
                 self.times[key] = max(total - self.loss(node.outputs[0].shape), 0.0)
             except Exception:   # noqa: BLE001  (an operator MXNet cannot bind alone)
                 self.times[key] = None
@@ -297,8 +305,8 @@ def main():
     per_op = by_operator(machine, *make())
     print(table(["operator", "predicted", "measured alone"], per_op), flush=True)
     out = ["# Simulator calibration on this machine's CPU", "",
-           f"`python bench/calibrate.py`, {time.strftime('%Y-%m-%d')}; the fastest of {REPEATS} "
-           f"steps after one warm-up (the least disturbed on a shared machine).", "", "## Fitted `cpu` machine", "",
+           f"`python bench/calibrate.py`, {time.strftime('%Y-%m-%d')}; the fastest of "
+           f"{REPEATS} steps after one warm-up (the least disturbed on a shared machine).", "", "## Fitted `cpu` machine", "",
            table(["measured", "time", "fitted"], fitted), "",
            "## One training step: measured against predicted (ms)", "",
            table(["model", "run on", "measured", "predicted", "error",

@@ -172,14 +172,18 @@ PRESETS: dict[str, Machine] = {m.name: m for m in (
                    "450 GB/s nominal per direction, 360 GB/s assumed achieved; PCIe 5.0 host; "
                    "DGX H100's eight 400 Gb/s InfiniBand NDR adapters to other machines, "
                    "320 GB/s of 400 nominal, 5 us a ring step"),
-    Machine("cpu", 2, 24 * GiB, 52.2e9, 5.5 * GB, 20.8e-6, 2,
-            peer=Link(0.9 * GB, 117e-6), bridge=Link(0.9 * GB, 117e-6),
-            host=Link(0.9 * GB, 117e-6), shared_compute=True,
-            efficiency=(("Convolution", 0.61),), per_sample=(("Convolution", 1),),
+    Machine("cpu", 2, 24 * GiB, 117.5e9, 17.8 * GB, 0.31e-6, 2,
+            peer=Link(28.7 * GB, 23.8e-6), bridge=Link(28.7 * GB, 23.8e-6),
+            host=Link(28.7 * GB, 23.8e-6), shared_compute=True,
+            efficiency=(("Convolution", 0.70),), per_sample=(("Convolution", 1),),
+            memory_overlap=False,
             source="this 2-core machine's cpu(0) and cpu(1), fitted by bench/calibrate.py on "
-                   "2026-11-23 (bench/results/calibration.md); the devices share the cores; "
-                   "MXNet's CPU convolution (without oneDNN) runs one matrix product per "
-                   "sample (src/operator/nn/convolution-inl.h), reading its weight each time"),
+                   "2026-11-27 (bench/results/calibration.md): launch, bandwidth and link from "
+                   "chains of operators as MXNet's executor runs them (in bulk, copying into "
+                   "planned buffers); the devices share the cores; MXNet's CPU kernels do not "
+                   "overlap memory traffic with arithmetic; its convolution (without oneDNN) "
+                   "runs one matrix product per sample (src/operator/nn/convolution-inl.h), "
+                   "reading its weight each time"),
 )}
 
 
