@@ -43,7 +43,6 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from nnvm_passes import import_symbol  # noqa: E402
-from nnvm_passes.placement import placed_group  # noqa: E402
 from tofu_mx import models, sim  # noqa: E402
 from tofu_mx.sim.schedule import BACKWARD_RATIO  # noqa: E402
 from tofu_mx.tdl.annotate import import_graph  # noqa: E402
@@ -207,11 +206,9 @@ def check(machine: sim.Machine) -> list[tuple]:
             params = {n.name for n in ptd.graph.variables("param")}
             measured = best_step(ptd.simple_bind(grad_req={
                 n: "write" if n in params else "null" for n in sym.list_arguments()}))
-            index = {g: d for d, g in enumerate(ptd.group2ctx)}
-            shards = ptd.shard_graph
             runs.append((plan, measured, sim.partitioned_step(ptd, machine)[0],
-                         with_measured_operators(machine, shards, lambda i, s=shards: index.get(
-                             placed_group(s, i), 0))))
+                         with_measured_operators(machine, ptd.shard_graph,
+                                                 ptd.node_devices().__getitem__)))
         for where, measured, predicted, timed in runs:
             rows.append((label, where, f"{measured * 1e3:.1f}", f"{predicted * 1e3:.1f}",
                          err(predicted, measured), err(timed, measured)))

@@ -362,7 +362,8 @@ class PartitionedSymbol:
         whose gradient nodes read them): the search's accounting, which budgets are met
         in. Temporary and conversion buffers are not (MXNet holds 1.1-1.6x this on
         bench/memory_mxnet.py's models): :meth:`planned_memory` counts them."""
-        rows = held_at_forward_end(self.shard_graph, self._device_of(), len(self.contexts))
+        rows = held_at_forward_end(self.shard_graph, self.node_devices().__getitem__,
+                                   len(self.contexts))
         return [DeviceMemory(str(c), **r) for c, r in zip(self.contexts, rows)]
 
     def planned_memory(self, optimizer_state: float = 0.0) -> tuple[int, ...]:
@@ -373,24 +374,25 @@ class PartitionedSymbol:
         and their sums. Within 4% of MXNet's storage profiler on the models of
         bench/memory_mxnet.py (bench/results/memory.md). ``optimizer_state``: optimizer
         bytes per weight byte a trainer adds (SGD with momentum 1, Adam 2)."""
-        return peak_memory(self.shard_graph, self._device_of(), len(self.contexts),
+        return peak_memory(self.shard_graph, self.node_devices().__getitem__, len(self.contexts),
                            optimizer_state)
 
-    def _device_of(self):
-        """Node index of :attr:`shard_graph` -> the index of the device MXNet runs it on."""
+    def node_devices(self) -> tuple[int, ...]:
+        """For each node of :attr:`shard_graph`, the index of the device MXNet runs it on (a
+        node placed in no group: device 0, as MXNet's default context)."""
         graph = self.shard_graph
         index = {g: i for i, g in enumerate(self.group2ctx)}
-        return lambda i: index[placed_group(graph, i, group_name(0))]
+        return tuple(index[placed_group(graph, i, group_name(0))]
+                     for i in range(len(graph.nodes)))
 
     def operators_per_device(self) -> list[int]:
         """MXNet operators each device runs in a forward pass of the partitioned graph: the
         nodes of its ctx group, and the cross-device copies MXNet inserts into it (one per
         value read there from another device)."""
-        device_of = self._device_of()
         counts = [0] * len(self.contexts)
-        for i, node in enumerate(self.shard_graph.nodes):
+        for node, device in zip(self.shard_graph.nodes, self.node_devices()):
             if not node.is_variable:
-                counts[device_of(i)] += 1
+                counts[device] += 1
         for crossing in self.program.crossings():
             counts[crossing.device] += 1
         return counts

@@ -53,7 +53,6 @@ from typing import Any, Callable, Mapping
 import mxnet as mx
 
 from nnvm_passes.ir import Graph
-from nnvm_passes.placement import placed_group
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.plan import SearchOptions
 from tofu_mx.sim.formulas import ring_all_reduce_time, swap_time
@@ -198,12 +197,8 @@ def partitioned_step(ptd, machine: Machine, optimizer_state: float = 0.0
 
 
 def _shard_devices(ptd) -> tuple[Graph, Callable[[int], int]]:
-    """The partitioned symbol's shard graph, and the device each of its nodes runs on (the
-    index of its ctx group; device 0 for a node MXNet places in no group)."""
-    graph = ptd.shard_graph
-    index = {group: d for d, group in enumerate(ptd.group2ctx)}
-    return graph, [index.get(placed_group(graph, i), 0)
-                   for i in range(len(graph.nodes))].__getitem__
+    """The partitioned symbol's shard graph, and the device each of its nodes runs on."""
+    return ptd.shard_graph, ptd.node_devices().__getitem__
 
 
 def _replica(symbol, machine: Machine, options, dtypes, shapes):
