@@ -26,7 +26,7 @@
    ``partition(machine=...)`` chooses on the fitted machine; and report the error of each.
    Each step is also predicted with every distinct operator timed alone instead of its
    roofline: what error is left is the schedule's and the transfers'.
-3. **By operator kind**, for the first model: each distinct operator measured alone against
+3. **By operator kind**, for each model: each distinct operator measured alone against
    its prediction, to say where the error comes from.
 
 Writes bench/out/calibration.md.
@@ -298,21 +298,22 @@ def main():
     machine, fitted = fit()
     print(table(["measured", "time", "fitted"], fitted), flush=True)
     checked = check(machine)
-    label, make = CASES[0]
-    per_op = by_operator(machine, *make())
-    print(table(["operator", "predicted", "measured alone"], per_op), flush=True)
     out = ["# Simulator calibration on this machine's CPU", "",
            f"`python bench/calibrate.py`, {time.strftime('%Y-%m-%d')}; the fastest of "
-           f"{REPEATS} steps after one warm-up (the least disturbed on a shared machine).", "", "## Fitted `cpu` machine", "",
+           f"{REPEATS} steps after one warm-up (the least disturbed on a shared machine).", "",
+           "## Fitted `cpu` machine", "",
            table(["measured", "time", "fitted"], fitted), "",
            "## One training step: measured against predicted (ms)", "",
            table(["model", "run on", "measured", "predicted", "error",
                   "error, operators measured"], checked), "",
            "\"Operators measured\": the simulator's step with each distinct operator timed "
            "alone on cpu(0) instead of its roofline, so what is left is the schedule's and the "
-           "transfers' error.", "",
-           f"## {label}, one device, by operator kind (ms per step)", "",
-           table(["operator", "predicted", "measured alone"], per_op), ""]
+           "transfers' error.", ""]
+    for label, make in CASES:
+        per_op = by_operator(machine, *make())
+        print(table(["operator", "predicted", "measured alone"], per_op), flush=True)
+        out += [f"## {label}, one device, by operator kind (ms per step)", "",
+                table(["operator", "predicted", "measured alone"], per_op), ""]
     print("wrote", write_out("calibration.md", "\n".join(out)))
 
 
