@@ -13,13 +13,16 @@
    - the link between ``cpu(i)`` devices, from the same chains alternating between
      ``cpu(0)`` and ``cpu(1)`` (each ReLU's input copied over, its gradient back): as the
      executor copies, into buffers it planned, not as ``NDArray.copyto`` allocates;
-   - the FLOP/s from a large fully connected layer, and a convolution's share of it from a
+   - the FLOP/s from a large fully connected layer, a convolution's share of it from a
      large convolution (MXNet's CPU convolution without oneDNN, which tofu_mx turns off for
      multi-device graphs, is slower per FLOP; it also runs one matrix product per sample,
-     reading its weight each time: ``Machine.per_sample``); each solved from the
-     simulator's step of that operator, its memory traffic added to its arithmetic
+     reading its weight each time: ``Machine.per_sample``), and LayerNorm's share of the
+     memory bandwidth (``Machine.bandwidth_efficiency``: MXNet's CPU LayerNorm, its
+     backward pass above all, is far off it); each solved from the simulator's step of
+     that operator, its memory traffic added to its arithmetic
      (``Machine.memory_overlap=False``: MXNet's CPU kernels do not overlap the two; the
-     roofline's maximum put small-batch matrix products 30% fast).
+     roofline's maximum put small-batch matrix products 30% fast), less the executor's
+     fixed cost of a step (a tiny operator's step less its launches).
 2. **Predict and measure** one training step (forward and backward) of small models: on
    ``cpu(0)``; partitioned over ``cpu(0)``, ``cpu(1)`` (the devices share the two cores:
    ``Machine.shared_compute``) by the default plan; and by the plan
@@ -135,32 +138,53 @@ def fit() -> tuple[sim.Machine, list[tuple]]:
                           bridge=link, host=link, shared_compute=True,
                           per_sample=(("Convolution", 1),), memory_overlap=False,
                           source=f"bench/calibrate.py, {time.strftime('%Y-%m-%d')}")
+    # a single operator's step also pays the executor's fixed cost: a tiny one's less its
+    # two launches, taken off the steps below
+    fixed = max(one_op_step(mx.sym.make_loss(mx.sym.relu(mx.sym.var("x"))), x=tiny)
+                - 2 * launch, 0.0)
     n, width = 256, 1024
     fc = mx.sym.make_loss(mx.sym.sum(mx.sym.FullyConnected(x, num_hidden=width, name="op")))
-    fc_t = one_op_step(fc, x=(n, width))
+    fc_t = one_op_step(fc, x=(n, width)) - fixed
     flops = solve(fc, {"x": (n, width)}, fc_t, lambda r: dataclasses.replace(machine, flops=r),
                   50e9)
     machine = dataclasses.replace(machine, flops=flops)
-    conv_shape, filters = (8, 64, 32, 32), 64
-    conv = mx.sym.make_loss(mx.sym.sum(mx.sym.Convolution(
-        x, num_filter=filters, kernel=(3, 3), pad=(1, 1), no_bias=True, name="op")))
-    conv_t = one_op_step(conv, x=conv_shape)
-    share = min(solve(conv, {"x": conv_shape}, conv_t, lambda e: dataclasses.replace(
-        machine, efficiency=(("Convolution", e),)), 0.25), 1.0)
-    machine = dataclasses.replace(machine, efficiency=(("Convolution", share),))
-    conv_rate = machine.rate("Convolution")
+    # the operators whose kernels fall short of the roofline on models (bench/results/
+    # calibration.md, by operator kind) and whose step alone is theirs: a convolution of its
+    # FLOP/s (per sample, see the module's docstring), LayerNorm of the memory bandwidth
+    fitted = {"efficiency": {}, "bandwidth_efficiency": {}}
+    measured_alone = []
+    for field, op, sym, shape in (
+            ("efficiency", "Convolution", mx.sym.Convolution(
+                x, num_filter=64, kernel=(3, 3), pad=(1, 1), no_bias=True, name="op"),
+             (8, 64, 32, 32)),
+            ("bandwidth_efficiency", "LayerNorm", mx.sym.LayerNorm(x, name="op"),
+             (512, 256))):
+        loss = mx.sym.make_loss(mx.sym.sum(sym))
+        took = one_op_step(loss, x=shape) - fixed
+
+        def at(e, field=field, op=op):
+            return dataclasses.replace(machine, **{
+                f: tuple(shares.items()) + (((op, e),) if f == field else ())
+                for f, shares in fitted.items()})
+        fitted[field][op] = min(solve(loss, {"x": shape}, took, at, 0.25), 1.0)
+        measured_alone.append((field, op, shape, took))
+    machine = dataclasses.replace(machine, **{f: tuple(shares.items())
+                                              for f, shares in fitted.items()})
     rows = [("a ReLU in a chain of 4 x 4 ReLUs, forward + backward",
              f"{tiny_op * 1e6:.2f} us", f"launch {launch * 1e6:.2f} us"),
             (f"FullyConnected {n} x {width} -> {width}, step", f"{fc_t * 1e3:.2f} ms",
              f"{flops / 1e9:.1f} GFLOP/s"),
-            ("Convolution 8 x 64 x 32 x 32, 64 filters 3 x 3, step",
-             f"{conv_t * 1e3:.2f} ms", f"{conv_rate / 1e9:.1f} GFLOP/s "
-                                       f"({conv_rate / flops:.2f} of the above)"),
             ("a ReLU in a chain of 1024 x 1024 ReLUs", f"{big_op * 1e3:.2f} ms",
              f"{bandwidth / 1e9:.1f} GB/s"),
             ("a copy cpu(0) <-> cpu(1) in a chain alternating devices, 64 B / 4 MiB",
              f"{latency * 1e6:.2f} us / {big_copy * 1e6:.0f} us",
-             f"link {link.bandwidth / 1e9:.1f} GB/s, {link.latency * 1e6:.2f} us")]
+             f"link {link.bandwidth / 1e9:.1f} GB/s, {link.latency * 1e6:.2f} us"),
+            ("a tiny ReLU's step alone, less its launches", f"{fixed * 1e6:.0f} us",
+             "the executor's fixed cost per step (not modelled; taken off the steps below)")]
+    rows += [(f"{op} on {' x '.join(map(str, shape))}, step", f"{took * 1e3:.2f} ms",
+              f"{fitted[field][op]:.2f} of the device's "
+              f"{'FLOP/s' if field == 'efficiency' else 'memory bandwidth'}")
+             for field, op, shape, took in measured_alone]
     return machine, rows
 
 

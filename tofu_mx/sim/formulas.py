@@ -2,9 +2,9 @@
 each a closed form tested on hand-computed cases.
 
 - :func:`compute_time`: one operator on one device, by the roofline: its launch, then the
-  longer of its FLOPs at the rate the device reaches for it (its peak, or less where the
-  machine measured less for that operator) and its bytes at the device's memory bandwidth;
-  or their sum where the machine's kernels do not overlap the two
+  longer of its FLOPs at the rate the device reaches for it and its bytes at the bandwidth
+  it reaches (the device's peak and memory bandwidth, or less where the machine measured
+  less for that operator); or their sum where the machine's kernels do not overlap the two
   (``Machine.memory_overlap``: MXNet's CPU kernels).
 - :func:`transfer_time`: bytes from one device to another (or to host memory) over the link
   the transfer crosses: the link's latency, then the bytes at its bandwidth.
@@ -31,10 +31,11 @@ from tofu_mx.sim.machine import Link, Machine
 def compute_time(flops: float, nbytes: float, machine: Machine, op: str | None = None) -> float:
     """Seconds one operator of ``flops`` floating-point operations that reads and writes
     ``nbytes`` of device memory takes on one of ``machine``'s devices; ``op``: the MXNet
-    operator, for the FLOP/s it reaches there (:meth:`Machine.rate`)."""
+    operator, for the FLOP/s and bandwidth it reaches there (:meth:`Machine.rate`,
+    :meth:`Machine.bandwidth`)."""
     flops = arguments.real(flops, "flops", minimum=0)
     nbytes = arguments.real(nbytes, "nbytes", minimum=0)
-    arithmetic, traffic = flops / machine.rate(op), nbytes / machine.memory_bandwidth
+    arithmetic, traffic = flops / machine.rate(op), nbytes / machine.bandwidth(op)
     return machine.launch + (max(arithmetic, traffic) if machine.memory_overlap
                              else arithmetic + traffic)
 

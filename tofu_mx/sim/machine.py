@@ -75,6 +75,9 @@ class Machine:
     #: an operator's memory traffic overlaps its arithmetic (the roofline: the longer of the
     #: two); False where they add up, as measured of MXNet's CPU kernels (bench/calibrate.py)
     memory_overlap: bool = True
+    #: (operator, fraction of ``memory_bandwidth`` it reaches), measured where one's kernel
+    #: falls short of the rest (MXNet's CPU LayerNorm: its backward pass's reductions)
+    bandwidth_efficiency: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -106,6 +109,11 @@ class Machine:
             (op, arguments.real(e, f"Machine.efficiency[{op!r}]", minimum=0, strict=True,
                                 maximum=1, example="efficiency=(('Convolution', 0.2),)"))
             for op, e in dict(self.efficiency).items()))
+        set_(self, "bandwidth_efficiency", tuple(
+            (op, arguments.real(e, f"Machine.bandwidth_efficiency[{op!r}]", minimum=0,
+                                strict=True, maximum=1,
+                                example="bandwidth_efficiency=(('LayerNorm', 0.1),)"))
+            for op, e in dict(self.bandwidth_efficiency).items()))
         set_(self, "per_sample", tuple(
             (op, arguments.count(pos, f"Machine.per_sample[{op!r}]", minimum=0))
             for op, pos in dict(self.per_sample).items()))
@@ -123,6 +131,11 @@ class Machine:
     def rate(self, op: str | None = None) -> float:
         """FLOP/s operator ``op`` reaches on one device (``flops`` times its efficiency)."""
         return self.flops * dict(self.efficiency).get(op, 1.0)
+
+    def bandwidth(self, op: str | None = None) -> float:
+        """Bytes per second of device memory operator ``op`` moves (``memory_bandwidth``
+        times its ``bandwidth_efficiency``)."""
+        return self.memory_bandwidth * dict(self.bandwidth_efficiency).get(op, 1.0)
 
     def link(self, a: int, b: int) -> Link:
         """The link a transfer from device ``a`` to device ``b`` crosses (the slowest on its
@@ -172,18 +185,18 @@ PRESETS: dict[str, Machine] = {m.name: m for m in (
                    "450 GB/s nominal per direction, 360 GB/s assumed achieved; PCIe 5.0 host; "
                    "DGX H100's eight 400 Gb/s InfiniBand NDR adapters to other machines, "
                    "320 GB/s of 400 nominal, 5 us a ring step"),
-    Machine("cpu", 2, 24 * GiB, 117.5e9, 17.8 * GB, 0.31e-6, 2,
-            peer=Link(28.7 * GB, 23.8e-6), bridge=Link(28.7 * GB, 23.8e-6),
-            host=Link(28.7 * GB, 23.8e-6), shared_compute=True,
+    Machine("cpu", 2, 24 * GiB, 116.3e9, 17.8 * GB, 0.27e-6, 2,
+            peer=Link(25.3 * GB, 15.4e-6), bridge=Link(25.3 * GB, 15.4e-6),
+            host=Link(25.3 * GB, 15.4e-6), shared_compute=True,
             efficiency=(("Convolution", 0.70),), per_sample=(("Convolution", 1),),
-            memory_overlap=False,
+            memory_overlap=False, bandwidth_efficiency=(("LayerNorm", 0.06),),
             source="this 2-core machine's cpu(0) and cpu(1), fitted by bench/calibrate.py on "
                    "2026-11-27 (bench/results/calibration.md): launch, bandwidth and link from "
                    "chains of operators as MXNet's executor runs them (in bulk, copying into "
                    "planned buffers); the devices share the cores; MXNet's CPU kernels do not "
                    "overlap memory traffic with arithmetic; its convolution (without oneDNN) "
                    "runs one matrix product per sample (src/operator/nn/convolution-inl.h), "
-                   "reading its weight each time"),
+                   "reading its weight each time; its LayerNorm reaches 6% of the bandwidth"),
 )}
 
 

@@ -38,6 +38,16 @@ def test_an_operator_measured_slower_runs_at_its_own_rate():
     assert m.rate("Convolution") == 0.25e12 and m.rate("FullyConnected") == m.rate() == 1e12
     assert sim.compute_time(2e9, 0, m, "Convolution") == pytest.approx(1e-6 + 8e-3)
     assert sim.compute_time(2e9, 0, m, "FullyConnected") == pytest.approx(1e-6 + 2e-3)
+    # its memory traffic at the device's bandwidth: 1 GB at 100 GB/s
+    assert sim.compute_time(0, 1e9, m, "Convolution") == pytest.approx(1e-6 + 1e-2)
+    # an operator measured short of the bandwidth (a normalisation's reductions) moves its
+    # bytes at its own, its arithmetic at the peak
+    slow = toy(bandwidth_efficiency=(("LayerNorm", 0.1),))
+    assert slow.bandwidth("LayerNorm") == 10e9 and slow.bandwidth("relu") == 100e9
+    assert sim.compute_time(2e9, 1e9, slow, "LayerNorm") == pytest.approx(1e-6 + 1e-1)
+    assert sim.compute_time(2e9, 1e9, slow, "relu") == pytest.approx(1e-6 + 1e-2)
+    with pytest.raises(InvalidArgumentError, match="bandwidth_efficiency\\['LayerNorm'\\]"):
+        toy(bandwidth_efficiency=(("LayerNorm", 0),))
     with pytest.raises(InvalidArgumentError, match="efficiency\\['Convolution'\\] must be"):
         toy(efficiency=(("Convolution", 1.5),))
 
