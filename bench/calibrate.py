@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 
 from nnvm_passes import import_symbol  # noqa: E402
 from tofu_mx import models, sim  # noqa: E402
-from tofu_mx.sim.schedule import BACKWARD_RATIO  # noqa: E402
+from tofu_mx.sim.schedule import BACKWARD_RATIO, inputs_needing_gradients  # noqa: E402
 from tofu_mx.tdl.annotate import import_graph  # noqa: E402
 from benchlib import table, write_out  # noqa: E402
 
@@ -107,15 +107,16 @@ def per_relu(shape, alternate: bool = False, short: int = 2, long: int = 42) -> 
 
 def solve(sym, shapes, measured: float, machine_at, guess: float) -> float:
     """The value ``x`` for which the simulator's step of ``sym`` on ``machine_at(x)`` (one
-    device) is ``measured``, where ``x`` divides the step's arithmetic (a FLOP/s, or an
-    operator's share of it): the step is ``A + C / x``, read at ``guess`` and ``2 guess``."""
+    device) is ``measured``, where ``x`` divides part of the step (a FLOP/s, or an operator's
+    share of the FLOP/s or of the memory bandwidth): the step is ``A + C / x``, read at
+    ``guess`` and ``2 guess``."""
     def step(x):
         one = dataclasses.replace(machine_at(x), num_devices=1, group_size=1)
         return sim.simulate(sym, one, "ideal", **shapes).step_time
     at, twice = step(guess), step(2 * guess)
-    arithmetic = 2 * (at - twice) * guess          # C
-    rest = at - arithmetic / guess                 # A: launches and memory traffic
-    return arithmetic / max(measured - rest, 1e-9)
+    divided = 2 * (at - twice) * guess             # C
+    rest = at - divided / guess                    # A: what x does not divide
+    return divided / max(measured - rest, 1e-9)
 
 
 def fit() -> tuple[sim.Machine, list[tuple]]:
@@ -243,8 +244,8 @@ def check(machine: sim.Machine) -> list[tuple]:
 class Alone:
     """Each distinct operator of a graph (kind, attributes, input shapes, inputs that need a
     gradient) timed alone on ``cpu(0)``, forward and backward, less the loss its output is
-    summed into; split into forward and backward as the simulator splits work
-    (1 : ``BACKWARD_RATIO``). None where MXNet cannot bind it alone."""
+    summed into; split into forward and backward as the simulator splits an operator's
+    bytes (1 : ``BACKWARD_RATIO``). None where MXNet cannot bind it alone."""
 
     def __init__(self, graph):
         from tofu_mx.search.structure import needs_grad_of
@@ -257,8 +258,8 @@ class Alone:
 
         node, graph = self.graph.nodes[i], self.graph
         ins = tuple(graph.tensor(e).shape for e in node.inputs)
-        needed = tuple("write" if self.grads[(e.node, e.index)] else "null"
-                       for e in node.inputs)
+        needed = tuple("write" if n else "null"
+                       for n in inputs_needing_gradients(graph, self.grads, i))
         key = (node.op, tuple((k, v) for k, v in node.attrs.items() if not k.startswith("__")),
                ins, node.outputs[0].shape, needed)
         if key not in self.times:

@@ -30,7 +30,7 @@ from nnvm_passes.ir import Graph
 from tofu_mx.search.structure import needs_grad_of
 from tofu_mx.sim.formulas import transfer_time
 from tofu_mx.sim.machine import Machine
-from tofu_mx.sim.schedule import roofline_seconds
+from tofu_mx.sim.schedule import inputs_needing_gradients, roofline_seconds
 
 
 def place_operators(graph: Graph, machine: Machine, cap: float,
@@ -41,8 +41,7 @@ def place_operators(graph: Graph, machine: Machine, cap: float,
     k = machine.num_devices
     ops = [i for i, n in enumerate(graph.nodes) if not n.is_variable]
     grads = needs_grad_of(graph)
-    seconds = {i: roofline_seconds(graph, i, machine, [grads[(e.node, e.index)]
-                                                       for e in graph.nodes[i].inputs])
+    seconds = {i: roofline_seconds(graph, i, machine, inputs_needing_gradients(graph, grads, i))
                for i in ops}
     rank = _ranks(graph, ops, seconds, machine)
     kept = kept_for_backward(graph, grads)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from nnvm_passes.backward import backward_reads, mirrored_nodes
 from nnvm_passes.ir import Entry, Graph
@@ -122,7 +122,7 @@ def step_tasks(graph: Graph, device_of: Callable[[int], int], machine: Machine,
     grads = needs_grad_of(graph)
 
     def needed(i: int) -> tuple[bool, ...]:
-        return tuple(grads[(e.node, e.index)] for e in graph.nodes[i].inputs)
+        return inputs_needing_gradients(graph, grads, i)
     timed = op_seconds or _alike_once(
         graph, lambda i: roofline_seconds(graph, i, machine, needed(i)), needed)
     tasks: list[Task] = []
@@ -236,6 +236,14 @@ def gradients_ready(graph: Graph, tasks: Sequence[Task], done: Sequence[float]
     return tuple(sorted((t, graph.nodes[v].outputs[0].nbytes) for v, t in ready.items()))
 
 
+def inputs_needing_gradients(graph: Graph, grads: Mapping[tuple[int, int], bool],
+                             i: int) -> tuple[bool, ...]:
+    """Per input of operator ``i``, whether its gradient is needed (``grads``:
+    :func:`tofu_mx.search.structure.needs_grad_of`), the flags :func:`roofline_seconds`
+    reads."""
+    return tuple(grads[(e.node, e.index)] for e in graph.nodes[i].inputs)
+
+
 def roofline_seconds(graph: Graph, i: int, machine: Machine,
                      needed: Sequence[bool] | None = None) -> tuple[float, float]:
     """Operator ``i``'s forward and backward seconds on ``machine``, by the roofline of its
@@ -292,4 +300,5 @@ def _carrier(machine: Machine, src: int, dst: int) -> tuple:
     return ("link", src, dst)
 
 
-__all__ = ["BACKWARD_RATIO", "Task", "finish_times", "roofline_seconds", "step_tasks"]
+__all__ = ["BACKWARD_RATIO", "Task", "finish_times", "inputs_needing_gradients",
+           "roofline_seconds", "step_tasks"]
