@@ -685,6 +685,46 @@ def route(graph: Graph, assignment: Any, cap: int | None = None,
                          passes_gradient_through(graph.nodes[step.node], graph))
 
 
+class _Rebuilt:
+    """A program's steps copied into a new one, in order, with steps added and some dropped:
+    the passes below (:func:`relayed_reads`, :func:`_cuts_moved`, :func:`bounded_reads`)
+    each rewrite a few reads and keep every other step as it was, renumbered."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.steps: list[Step] = []
+        self.at: dict[int, int] = {}            # old step -> new step
+
+    def ref(self, ref: Ref) -> Ref:
+        """An old step's output, renumbered."""
+        return Ref(self.at[ref.step], ref.output)
+
+    def inputs(self, step: Step, moved: Callable[[int], Ref | None] = lambda pos: None
+               ) -> tuple[Ref, ...]:
+        """``step``'s inputs renumbered, but those ``moved(position)`` gives anew."""
+        out = []
+        for pos, ref in enumerate(step.inputs):
+            new = moved(pos)
+            out.append(self.ref(ref) if new is None else new)
+        return tuple(out)
+
+    def keep(self, s: int, step: Step) -> Ref:
+        """Old step ``s``, as ``step`` (its inputs already renumbered)."""
+        self.at[s] = len(self.steps)
+        self.steps.append(step)
+        return Ref(self.at[s])
+
+    def add(self, step: Step) -> Ref:
+        """A new step."""
+        self.steps.append(step)
+        return Ref(len(self.steps) - 1)
+
+    def result(self) -> Program:
+        old = self.program
+        return Program(tuple(self.steps), tuple(self.ref(r) for r in old.heads),
+                       old.num_devices, old.placement)
+
+
 def relayed_reads(program: Program, group_size: int,
                   needs_send: Callable[[Step], bool] = lambda step: True) -> Program:
     """``program`` with each value that two or more devices of one group (devices ``g *
@@ -761,26 +801,23 @@ def relayed_reads(program: Program, group_size: int,
     after: dict[int, list[int]] = {}            # step -> the relays reading it
     for r, (source, *_rest) in enumerate(relays):
         after.setdefault(source.step, []).append(r)
-    new: list[Step] = []
-    at: dict[int, int] = {}                     # old step -> new step
+    out = _Rebuilt(program)
     made: dict[int, Ref] = {}                   # relay -> its step (new)
     for s, step in enumerate(steps):
         if s in dropped:
             continue
-        inputs = tuple(made[moved[s, pos]] if (s, pos) in moved else Ref(at[r.step], r.output)
-                       for pos, r in enumerate(step.inputs))
+        inputs = out.inputs(step, lambda pos: made[moved[s, pos]] if (s, pos) in moved
+                            else None)
         if s in retarget:
             step = dataclasses.replace(step, to=retarget[s], name=f"@to{retarget[s]}")
-        new.append(dataclasses.replace(step, inputs=inputs) if inputs != step.inputs
-                   else step)
-        at[s] = len(new) - 1
+        kept = out.keep(s, dataclasses.replace(step, inputs=inputs) if inputs != step.inputs
+                        else step)
         for r in after.get(s, ()):
             source, device, account, again, name = relays[r]
-            new.append(Step(StepKind.RELAY, device, (Ref(at[s], source.output),),
-                            (step.outputs[source.output],), account, name, again=again))
-            made[r] = Ref(len(new) - 1)
-    return Program(tuple(new), tuple(Ref(at[r.step], r.output) for r in program.heads),
-                   program.num_devices, program.placement)
+            made[r] = out.add(Step(StepKind.RELAY, device, (Ref(kept.step, source.output),),
+                                   (step.outputs[source.output],), account, name,
+                                   again=again))
+    return out.result()
 
 
 def _gateway(src: int, devices, group_size: int) -> int:
@@ -818,22 +855,19 @@ def _cuts_moved(program: Program, group_size: int, needs_send: Callable[[Step], 
         moved[s] = _gateway(step.device, devices, group_size)
     if not moved:
         return program
-    new: list[Step] = []
-    at: list[int] = []                          # old step -> new step
+    out = _Rebuilt(program)
     for s, step in enumerate(steps):
-        inputs = tuple(Ref(at[r.step], r.output) for r in step.inputs)
+        inputs = out.inputs(step)
         if s in moved:
             d, source = moved[s], steps[step.inputs[0].step]
             if needs_send(source):
-                new.append(Step(StepKind.SEND, source.device, inputs[:1],
-                                (source.outputs[step.inputs[0].output],), step.account,
-                                f"@to{d}", to=d))
-                inputs = (Ref(len(new) - 1),) + inputs[1:]
+                sent = out.add(Step(StepKind.SEND, source.device, inputs[:1],
+                                    (source.outputs[step.inputs[0].output],), step.account,
+                                    f"@to{d}", to=d))
+                inputs = (sent,) + inputs[1:]
             step = dataclasses.replace(step, device=d)
-        new.append(dataclasses.replace(step, inputs=inputs))
-        at.append(len(new) - 1)
-    return Program(tuple(new), tuple(Ref(at[r.step], r.output) for r in program.heads),
-                   program.num_devices, program.placement)
+        out.keep(s, dataclasses.replace(step, inputs=inputs))
+    return out.result()
 
 
 #: MXNet 1.9.1's MXNET_EXEC_INPLACE_GRAD_SUM_CAP when the variable is not set
@@ -900,26 +934,23 @@ def bounded_reads(program: Program, cap: int,
         return program
     moved = {read: (ref, r) for ref, tree in trees.items()
              for r, relay in enumerate(tree) for read in relay.reads}
-    new: list[Step] = []
-    at: list[int] = []                          # old step -> new step
+    out = _Rebuilt(program)
     made: dict[tuple[Ref, int], Ref] = {}       # (old ref, relay) -> the relay's step (new)
     for s, step in enumerate(steps):
-        inputs = tuple(made[moved[s, pos]] if (s, pos) in moved
-                       else Ref(at[r.step], r.output) for pos, r in enumerate(step.inputs))
-        new.append(dataclasses.replace(step, inputs=inputs) if inputs != step.inputs
-                   else step)
-        at.append(len(new) - 1)
+        inputs = out.inputs(step, lambda pos: made[moved[s, pos]] if (s, pos) in moved
+                            else None)
+        kept = out.keep(s, dataclasses.replace(step, inputs=inputs) if inputs != step.inputs
+                        else step)
         for output in range(len(step.outputs)):
             ref = Ref(s, output)
             for r, relay in enumerate(trees.get(ref, ())):
                 t, pos = min(relay.below)
-                source = Ref(at[s], output) if relay.parent < 0 else made[ref, relay.parent]
-                new.append(Step(StepKind.RELAY, relay.device, (source,), (step.outputs[output],),
-                                steps[t].read_account(pos), f"@relay{r}",
-                                again=all(steps[t].again for t, _ in relay.below)))
-                made[ref, r] = Ref(len(new) - 1)
-    return Program(tuple(new), tuple(Ref(at[r.step], r.output) for r in program.heads),
-                   program.num_devices, program.placement)
+                source = Ref(kept.step, output) if relay.parent < 0 else made[ref, relay.parent]
+                made[ref, r] = out.add(Step(
+                    StepKind.RELAY, relay.device, (source,), (step.outputs[output],),
+                    steps[t].read_account(pos), f"@relay{r}",
+                    again=all(steps[t].again for t, _ in relay.below)))
+    return out.result()
 
 
 @dataclass

@@ -380,6 +380,10 @@ class PartitionedSymbol:
     def node_devices(self) -> tuple[int, ...]:
         """For each node of :attr:`shard_graph`, the index of the device MXNet runs it on (a
         node placed in no group: device 0, as MXNet's default context)."""
+        return self._node_devices
+
+    @functools.cached_property
+    def _node_devices(self) -> tuple[int, ...]:
         graph = self.shard_graph
         index = {g: i for i, g in enumerate(self.group2ctx)}
         return tuple(index[placed_group(graph, i, group_name(0))]
