@@ -148,7 +148,7 @@ def anatomy(ptd, machine) -> dict:
     busy: collections.Counter = collections.Counter()
     runs: collections.Counter = collections.Counter()
     load: collections.Counter = collections.Counter()
-    for k, task in enumerate(tasks):
+    for task in tasks:
         load[task.resource] += task.seconds
     device = max((r for r in load if r[0] == "device"), key=load.__getitem__)
     for k, task in enumerate(tasks):

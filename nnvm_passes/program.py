@@ -708,10 +708,11 @@ class _Rebuilt:
             out.append(self.ref(ref) if new is None else new)
         return tuple(out)
 
-    def keep(self, s: int, step: Step) -> Ref:
-        """Old step ``s``, as ``step`` (its inputs already renumbered)."""
+    def keep(self, s: int, step: Step, inputs: tuple[Ref, ...]) -> Ref:
+        """Old step ``s``, as ``step`` reading ``inputs`` (renumbered: :meth:`inputs`)."""
         self.at[s] = len(self.steps)
-        self.steps.append(step)
+        self.steps.append(step if inputs == step.inputs
+                          else dataclasses.replace(step, inputs=inputs))
         return Ref(self.at[s])
 
     def add(self, step: Step) -> Ref:
@@ -810,8 +811,7 @@ def relayed_reads(program: Program, group_size: int,
                             else None)
         if s in retarget:
             step = dataclasses.replace(step, to=retarget[s], name=f"@to{retarget[s]}")
-        kept = out.keep(s, dataclasses.replace(step, inputs=inputs) if inputs != step.inputs
-                        else step)
+        kept = out.keep(s, step, inputs)
         for r in after.get(s, ()):
             source, device, account, again, name = relays[r]
             made[r] = out.add(Step(StepKind.RELAY, device, (Ref(kept.step, source.output),),
@@ -866,7 +866,7 @@ def _cuts_moved(program: Program, group_size: int, needs_send: Callable[[Step], 
                                     f"@to{d}", to=d))
                 inputs = (sent,) + inputs[1:]
             step = dataclasses.replace(step, device=d)
-        out.keep(s, dataclasses.replace(step, inputs=inputs))
+        out.keep(s, step, inputs)
     return out.result()
 
 
@@ -939,8 +939,7 @@ def bounded_reads(program: Program, cap: int,
     for s, step in enumerate(steps):
         inputs = out.inputs(step, lambda pos: made[moved[s, pos]] if (s, pos) in moved
                             else None)
-        kept = out.keep(s, dataclasses.replace(step, inputs=inputs) if inputs != step.inputs
-                        else step)
+        kept = out.keep(s, step, inputs)
         for output in range(len(step.outputs)):
             ref = Ref(s, output)
             for r, relay in enumerate(trees.get(ref, ())):
