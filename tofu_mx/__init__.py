@@ -48,7 +48,7 @@ _os.environ.setdefault("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", "0")
 _os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
 from tofu_mx.errors import (BindError, CheckpointError, ContextError,  # noqa: E402
-                            InvalidArgumentError, NoFeasiblePlanError, NotASymbolError,
+                            DataParallelFasterWarning, InvalidArgumentError, NoFeasiblePlanError, NotASymbolError,
                             ShapeInferenceError, TofuError, UnknownInputError,
                             UnsupportedOperatorError, VerificationError)
 
@@ -85,7 +85,8 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
 
 
-__all__ = ["BindError", "CheckpointError", "ContextError", "GraphSummary",
+__all__ = ["BindError", "CheckpointError", "ContextError", "DataParallelFasterWarning",
+           "GraphSummary",
            "InvalidArgumentError", "NoFeasiblePlanError", "NotASymbolError", "PartitionedSymbol",
            "Plan", "SearchOptions", "ShapeInferenceError", "TensorComparison", "TofuError",
            "UnknownInputError", "UnsupportedOperatorError", "VerificationError",

@@ -63,6 +63,11 @@ class CheckpointError(InvalidArgumentError):
     """A parameter file or dict does not match the symbol (missing, extra, misshaped)."""
 
 
+class DataParallelFasterWarning(RuntimeWarning):
+    """``partition(machine=...)``: data parallelism fits the machine and is predicted faster
+    than every partitioned plan (:attr:`tofu_mx.runtime.partitioned.MachineChoice`)."""
+
+
 def mxnet_message(error: BaseException) -> str:
     """The line of an MXNet error that says what failed, without MXNet's traceback frames,
     timestamps and source positions."""

@@ -21,7 +21,8 @@ from nnvm_passes.program import Program, VarShard, route
 from tofu_mx import arguments
 from tofu_mx.devices import (check_available, check_contexts, group_name,
                              warn_if_mkldnn_across_cpus)
-from tofu_mx.errors import (CheckpointError, InvalidArgumentError, NoFeasiblePlanError,
+from tofu_mx.errors import (CheckpointError, DataParallelFasterWarning,
+                            InvalidArgumentError, NoFeasiblePlanError,
                             TofuError, UnsupportedOperatorError, mxnet_message)
 from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.runtime.assign import Assignment, assign
@@ -73,6 +74,18 @@ class MachineChoice:
     machine: str
     chosen: Candidate
     candidates: tuple[Candidate, ...]
+    #: data parallelism on the same devices, simulated alike: not a partition (MXNet's
+    #: kvstore runs it), so never chosen, but said where it would be faster; None where
+    #: the graph has no batch to split over the devices
+    data_parallel: Candidate | None = None
+
+    @property
+    def data_parallel_faster(self) -> bool:
+        """Data parallelism fits the machine's memory and is predicted faster than the
+        chosen plan."""
+        dp = self.data_parallel
+        return dp is not None and dp.fits and (dp.step < self.chosen.step or
+                                               not self.chosen.fits)
 
     def lines(self) -> list[str]:
         fits = [c for c in self.candidates if c.fits]
@@ -84,7 +97,22 @@ class MachineChoice:
         out += [f"  also weighed: {c.label}, {c.step * 1e3:,.1f} ms, "
                 f"{format_bytes(c.peak)}{'' if c.fits else ' (does not fit)'}"
                 for c in self.candidates if c is not self.chosen]
+        dp = self.data_parallel
+        if dp is not None:
+            out.append(f"  for comparison, not a partition: {dp.label}, {dp.step * 1e3:,.1f} ms, "
+                       f"{format_bytes(dp.peak)}{'' if dp.fits else ' (does not fit)'}")
+        if self.data_parallel_faster:
+            out.append(f"  {DATA_PARALLEL_ADVICE}")
         return out
+
+
+#: how :attr:`MachineChoice.data_parallel` is described
+DATA_PARALLEL = ("data parallelism (every device the whole model on its share of the batch, "
+                 "the gradients summed by MXNet's kvstore)")
+#: what :class:`MachineChoice` says where data parallelism is predicted faster
+DATA_PARALLEL_ADVICE = ("data parallelism is predicted faster on this machine, and fits: "
+                        "train the unpartitioned model on these devices with a kvstore "
+                        "(gluon.Trainer over their contexts, or mx.mod.Module(context=...))")
 
 
 class PartitionedSymbol:
@@ -503,7 +531,9 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     again for the backward pass and keeping them, each also routed through the machine's
     device groups where ``ctx`` spans several (a value several devices of a group read
     crosses to the group once), the fastest whose peak memory fits the machine's;
-    :attr:`PartitionedSymbol.machine_choice` and ``report()`` say which and why.
+    :attr:`PartitionedSymbol.machine_choice` and ``report()`` say which and why, and
+    data parallelism's step on the same devices (not a partition: a
+    :class:`tofu_mx.DataParallelFasterWarning` where it fits and would be faster).
     Without it, the plan moving the fewest bytes (given ``options``).
     """
     check = arguments.flag(check, "check")
@@ -601,8 +631,30 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
         raise min(errors, key=lambda e: e.footprint)
     weighed.sort(key=lambda c: (not c[0].fits, c[0].step if c[0].fits else c[0].peak))
     chosen, ptd = weighed[0]
-    ptd.machine_choice = MachineChoice(machine.name, chosen, tuple(c for c, _ in weighed))
+    choice = MachineChoice(machine.name, chosen, tuple(c for c, _ in weighed),
+                           _data_parallel(symbol, ptd.graph, len(contexts), machine, options,
+                                          dtypes, shapes))
+    if choice.data_parallel_faster:
+        warnings.warn(f"partition(machine={machine.name!r}): {DATA_PARALLEL_ADVICE} "
+                      f"({choice.data_parallel.step * 1e3:,.1f} ms per step predicted, "
+                      f"against {chosen.step * 1e3:,.1f} ms for the partitioned plan)",
+                      DataParallelFasterWarning, stacklevel=3)
+    ptd.machine_choice = choice
     return ptd
+
+
+def _data_parallel(symbol, graph: Graph, k: int, machine, options: SearchOptions, dtypes,
+                   shapes) -> Candidate | None:
+    """Data parallelism over ``k`` of ``machine``'s devices, simulated as a
+    :class:`Candidate`; None where ``graph`` has no data input whose batch splits ``k``
+    ways."""
+    from tofu_mx import sim
+    data = graph.variables("data")
+    if not data or any(not v.outputs[0].shape or v.outputs[0].shape[0] < k for v in data):
+        return None
+    result = sim.data_parallel_step(symbol, machine, k, options=options, dtypes=dtypes,
+                                    **shapes)
+    return Candidate(DATA_PARALLEL, result.step_time, max(result.peak_memory), result.fits)
 
 
 #: how a candidate of ``partition(machine=...)`` routed through the machine's device groups

@@ -4,8 +4,9 @@
 - ``"data_parallel"``: every device runs the whole graph on its share of the batch (the
   first axis of every data and label input, split as evenly as it goes), then the
   gradients are summed by a ring all-reduce over all devices, after the backward pass (not
-  overlapped with it). It does not fit when the whole model and a share of the batch do
-  not fit one device;
+  overlapped with it); where the devices share one processor (``Machine.shared_compute``:
+  ``cpu(i)``), the replicas take turns on it. It does not fit when the whole model and a
+  share of the batch do not fit one device;
 - ``"swap"``: data parallelism, each device moving to host memory and back what exceeds its
   memory, in the spirit of SwapAdvisor: every step, each device sends out and fetches back
   its peak's excess over its memory, ``host_shared`` devices sharing a host link
@@ -47,13 +48,15 @@ says when, in the step's schedule, each weight's gradient is complete on its dev
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import mxnet as mx
 
 from nnvm_passes.ir import Graph
-from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
+from tofu_mx import arguments
+from tofu_mx.errors import DataParallelFasterWarning, InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.plan import SearchOptions
 from tofu_mx.sim.formulas import ring_all_reduce_time, swap_time
 from tofu_mx.sim.machine import Machine
@@ -118,11 +121,31 @@ def _ideal(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRe
                    gradients_per_device(graph, lambda i: 0, 1), fits=True)
 
 
-def _data_parallel(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
-    whole, one, step, peak = _replica(symbol, machine, options, dtypes, shapes)
+def _data_parallel(symbol, machine: Machine, strategy, options, dtypes, shapes,
+                   k: int | None = None) -> SimResult:
+    k = machine.num_devices if k is None else k
+    whole, one, step, peak = _replica(symbol, machine, options, dtypes, shapes, k)
     params = _replica_gradient_bytes(one)
-    return _result(strategy, machine, whole, step.then_all_reduce(_all_reduce(params, machine)),
-                   (peak,) * machine.num_devices, _reduce_scattered(params, machine))
+    return _result(strategy, machine, whole,
+                   step.then_all_reduce(_all_reduce(params, machine, k)), (peak,) * k,
+                   _reduce_scattered(params, k))
+
+
+def data_parallel_step(symbol: mx.sym.Symbol, machine: Machine, num_devices: int, *,
+                       options: SearchOptions | None = None,
+                       dtypes: Mapping[str, Any] | None = None, **shapes) -> SimResult:
+    """``simulate(symbol, machine, "data_parallel", ...)`` on the machine's first
+    ``num_devices`` devices (the batch split over them, the ring all-reduce through them):
+    what :func:`tofu_mx.partition` with ``machine=`` weighs its plans against."""
+    if not isinstance(machine, Machine):
+        raise InvalidArgumentError(f"machine must be a tofu_mx.sim.Machine, got "
+                                   f"{type(machine).__name__}")
+    k = arguments.count(num_devices, "num_devices", example="num_devices=8")
+    if k > machine.num_devices:
+        raise InvalidArgumentError(f"machine {machine.name!r} has {machine.num_devices} "
+                                   f"device(s), fewer than num_devices={k}")
+    return _data_parallel(symbol, machine, "data_parallel", SearchOptions.of(options), dtypes,
+                          shapes, k)
 
 
 def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
@@ -137,9 +160,10 @@ def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
     swapping = swap_time(2 * excess, machine)
     params = _replica_gradient_bytes(one)
     step = _Step(max(step.seconds, swapping), step.busiest_device,
-                 max(step.busiest_link, swapping)).then_all_reduce(_all_reduce(params, machine))
+                 max(step.busiest_link, swapping)).then_all_reduce(
+        _all_reduce(params, machine, machine.num_devices))
     return _result(strategy, machine, whole, step, (min(peak, machine.memory),) * k,
-                   _reduce_scattered(params, machine),
+                   _reduce_scattered(params, machine.num_devices),
                    note=f"swaps {format_bytes(excess)} out and in per device and step"
                    if excess else "swaps nothing")
 
@@ -171,8 +195,10 @@ def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
     chooser = machine if strategy == "tofu-machine" else None
     for _ in range(RETRIES + 1):
         try:
-            ptd = partition(symbol, [mx.cpu(i) for i in range(k)], options=options,
-                            dtypes=dtypes, memory_budget=budget, machine=chooser, **shapes)
+            with warnings.catch_warnings():     # simulate() weighs data parallelism itself
+                warnings.simplefilter("ignore", DataParallelFasterWarning)
+                ptd = partition(symbol, [mx.cpu(i) for i in range(k)], options=options,
+                                dtypes=dtypes, memory_budget=budget, machine=chooser, **shapes)
         except NoFeasiblePlanError as e:
             return SimResult(strategy, machine.name, False, math.inf, 0.0, (e.footprint,) * k,
                              "no plan fits the memory")
@@ -201,17 +227,21 @@ def _shard_devices(ptd) -> tuple[Graph, Callable[[int], int]]:
     return ptd.shard_graph, ptd.node_devices().__getitem__
 
 
-def _replica(symbol, machine: Machine, options, dtypes, shapes):
-    """The whole graph, one device's replica on its share of the batch, the replica's step
-    (without the all-reduce) and its peak."""
-    k = machine.num_devices
+def _replica(symbol, machine: Machine, options, dtypes, shapes, k: int | None = None):
+    """The whole graph, one device's replica on its share of the batch (over ``k`` devices,
+    all the machine's by default), the replica's step (without the all-reduce) and its
+    peak."""
+    k = machine.num_devices if k is None else k
     whole = import_graph(symbol, dtypes=dtypes, **shapes)
     split = {n.name for n in whole.variables() if n.kind in ("data", "label")}
     share = {name: (-(-shape[0] // k),) + tuple(shape[1:]) if name in split else shape
              for name, shape in shapes.items()}
     one = import_graph(symbol, dtypes=dtypes, **share)
     peak = peak_memory(one, lambda i: 0, 1, options.optimizer_state)[0]
-    return whole, one, _step_time(one, lambda i: 0, machine), peak
+    step = _step_time(one, lambda i: 0, machine)
+    if machine.shared_compute:      # the k replicas take turns on the one processor
+        step = _Step(step.seconds * k, step.busiest_device * k, step.busiest_link)
+    return whole, one, step, peak
 
 
 def _working_set(graph: Graph, optimizer_state: float) -> int:
@@ -228,15 +258,15 @@ def _replica_gradient_bytes(graph: Graph) -> int:
     return gradients_per_device(graph, lambda i: 0, 1)[0]
 
 
-def _all_reduce(params: int, machine: Machine) -> float:
-    """Seconds the ring all-reduce of ``params`` gradient bytes takes over every device."""
-    return ring_all_reduce_time(params, machine, range(machine.num_devices))
+def _all_reduce(params: int, machine: Machine, k: int) -> float:
+    """Seconds the ring all-reduce of ``params`` gradient bytes takes over the machine's
+    first ``k`` devices."""
+    return ring_all_reduce_time(params, machine, range(k))
 
 
-def _reduce_scattered(params: int, machine: Machine) -> tuple[int, ...]:
-    """``params`` gradient bytes in ``num_devices`` even parts, as a reduce-scatter leaves
-    them (the first ``params % num_devices`` devices a byte more)."""
-    k = machine.num_devices
+def _reduce_scattered(params: int, k: int) -> tuple[int, ...]:
+    """``params`` gradient bytes in ``k`` even parts, as a reduce-scatter leaves them (the
+    first ``params % k`` devices a byte more)."""
     return tuple(params // k + (d < params % k) for d in range(k))
 
 
@@ -281,4 +311,5 @@ def _batch(graph: Graph) -> int:
     return data[0].outputs[0].shape[0] if data and data[0].outputs[0].shape else 1
 
 
-__all__ = ["RETRIES", "STRATEGIES", "SimResult", "partitioned_step", "simulate"]
+__all__ = ["RETRIES", "STRATEGIES", "SimResult", "data_parallel_step", "partitioned_step",
+           "simulate"]

@@ -10,7 +10,7 @@ import pytest
 import tofu_mx
 from tofu_mx import models, sim
 from tofu_mx.errors import InvalidArgumentError
-from tofu_mx.runtime.partitioned import STEP_TIME_CANDIDATES
+from tofu_mx.runtime.partitioned import DATA_PARALLEL_ADVICE, STEP_TIME_CANDIDATES
 from tofu_mx.search import SearchOptions
 from tests.tofu_mx.runtime.helpers import float64
 from tests.tofu_mx.runtime.test_partition_models import BUILDERS, ZOO, batch_for, zoo_symbol
@@ -68,6 +68,39 @@ def test_memory_decides_before_time():
     assert ptd.machine_choice.chosen.label == small.label
     assert not any(c.fits for c in ptd.machine_choice.candidates)
     assert "none fits its memory" in ptd.report()
+
+
+def test_data_parallelism_is_weighed_for_comparison_and_advised_where_faster():
+    """The choice also simulates data parallelism on the same devices (not a plan it can
+    return): said in the report, and warned of where it fits and is faster."""
+    sym, shapes = lstm()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ptd = weighed(V100)
+    choice = ptd.machine_choice
+    dp = sim.data_parallel_step(sym, sim.machine(V100), 3, **shapes)
+    assert choice.data_parallel.step == dp.step_time
+    assert choice.data_parallel.peak == max(dp.peak_memory) and choice.data_parallel.fits
+    assert choice.data_parallel not in choice.candidates
+    assert "for comparison, not a partition: data parallelism" in ptd.report()
+    faster = choice.data_parallel.step < choice.chosen.step
+    assert choice.data_parallel_faster == faster
+    advised = [w for w in caught if issubclass(w.category, tofu_mx.DataParallelFasterWarning)]
+    assert all("data parallelism is predicted faster" in str(w.message) for w in advised)
+    assert len(advised) == faster and (DATA_PARALLEL_ADVICE in ptd.report()) == faster
+    # where the replica does not fit, it is never advised
+    tight = dataclasses.replace(sim.machine(V100), memory=choice.chosen.peak + 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        choice = weighed(tight).machine_choice
+    assert choice.data_parallel.peak > tight.memory and not choice.data_parallel.fits
+    assert not choice.data_parallel_faster
+    assert not any(issubclass(w.category, tofu_mx.DataParallelFasterWarning) for w in caught)
+    # a batch smaller than the devices: nothing to compare with
+    small = {**shapes, "data": (2,) + shapes["data"][1:],
+             "softmax_label": (2,) + shapes["softmax_label"][1:]}
+    assert tofu_mx.partition(sym, ctx(3), machine=V100,
+                             **small).machine_choice.data_parallel is None
 
 
 def test_bad_machines_are_refused_with_what_to_do():

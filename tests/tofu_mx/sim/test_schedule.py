@@ -200,6 +200,29 @@ def test_data_parallelism_is_a_share_of_the_batch_then_a_gradient_all_reduce():
     assert not sim.simulate(sym, small, "data_parallel", **shapes).fits   # 16 MiB of weights
 
 
+def test_data_parallelism_on_some_of_a_machines_devices_and_on_a_shared_processor():
+    """``data_parallel_step`` on the first k devices is data parallelism on a k-device
+    machine; where the devices share one processor (cpu(i)), the replicas take turns on it,
+    so data parallelism is never faster than one device doing all the work."""
+    sym, shapes = wide_layer()
+    big, _ = machines()
+    four = dataclasses.replace(big, name="four", num_devices=4)
+    on_two = sim.data_parallel_step(sym, four, 2, **shapes)
+    whole = sim.simulate(sym, big, "data_parallel", **shapes)
+    assert on_two.step_time == pytest.approx(whole.step_time)
+    assert on_two.peak_memory == whole.peak_memory
+    with pytest.raises(InvalidArgumentError, match="has 4 device.*fewer than num_devices=5"):
+        sim.data_parallel_step(sym, four, 5, **shapes)
+    shared = dataclasses.replace(big, name="shared", shared_compute=True)
+    one = sim.simulate(sym, shared, "ideal", **shapes)
+    half = sim.simulate(sym, shared, "ideal", data=(256, 2048), loss_label=(256, 2048))
+    dp = sim.simulate(sym, shared, "data_parallel", **shapes)
+    assert dp.step_time == pytest.approx(2 * half.step_time +
+                                         sim.ring_all_reduce_time(4 * (2048 * 2048 + 2048),
+                                                                  shared, [0, 1]))
+    assert dp.step_time > one.step_time
+
+
 def two_layers():
     x = mx.sym.var("data")
     for name in ("fc1", "fc2"):
