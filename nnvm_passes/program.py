@@ -47,7 +47,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -612,17 +612,21 @@ class _Route:
             shape = self.graph.tensor(entry).shape
             heads.append(self.region((entry.node, entry.index), tuple((0, n - 1) for n in shape),
                                      0, None, Account(Purpose.OUTPUT, k)))
-        heads = self.keep_unread_cells(heads)
-        return Program(tuple(self.steps), tuple(heads), self.k,
-                       {i: tuple(ds) for i, ds in sorted(self.placement.items())})
+        heads = self.keep_unread_cells(heads, live_steps(self.steps, heads))
+        return without_dead_steps(Program(
+            tuple(self.steps), tuple(heads), self.k,
+            {i: tuple(ds) for i, ds in sorted(self.placement.items())}))
 
-    def keep_unread_cells(self, heads: list[Ref]) -> list[Ref]:
+    def keep_unread_cells(self, heads: list[Ref], live: set[int]) -> list[Ref]:
         """Every stored cell of every variable is a variable of the partitioned graph, also
         one no share reads (a constant read in part, as YOLO's offsets through
-        ``slice_like``): it is stored, trained (its gradient is zero) and saved as the rest.
-        MXNet keeps only what the heads reach, so such a cell reaches the first float head as
-        an exact ZERO added to it (MXNet's ``zeros_like`` reads no value)."""
-        have = {(s.node, s.shard.box) for s in self.steps if s.kind is StepKind.VARIABLE}
+        ``slice_like``), or only shares whose outputs nothing reads (``live``: the steps the
+        heads reach; a device's share of an LSTM's gates holding only the first step's
+        unused forget gate): it is stored, trained (its gradient is zero) and saved as the
+        rest. MXNet keeps only what the heads reach, so such a cell reaches the first float
+        head as an exact ZERO added to it (MXNet's ``zeros_like`` reads no value)."""
+        have = {(s.node, s.shard.box) for j, s in enumerate(self.steps)
+                if s.kind is StepKind.VARIABLE and j in live}
         unread = [(i, cell, holders[0]) for i, node in enumerate(self.graph.nodes)
                   if node.is_variable and node.kind != "aux"
                   for cell, holders in self.cells((i, 0)).items() if (i, cell) not in have]
@@ -654,6 +658,39 @@ class _Route:
             (self.graph.heads[j].node, self.graph.heads[j].index), None),), account,
             "@with_unread")))
         return heads
+
+
+def live_steps(steps: Sequence[Step], heads: Sequence[Ref]) -> set[int]:
+    """The steps ``heads`` reach through their inputs."""
+    live: set[int] = set()
+    stack = [r.step for r in heads]
+    while stack:
+        s = stack.pop()
+        if s not in live:
+            live.add(s)
+            stack.extend(r.step for r in steps[s].inputs)
+    return live
+
+
+def without_dead_steps(program: Program) -> Program:
+    """``program`` without the steps its heads do not reach (MXNet would drop them from the
+    symbol: a share whose outputs are all unread), and without their devices in
+    ``placement`` where no other share of the operator runs there."""
+    live = live_steps(program.steps, program.heads)
+    if len(live) == len(program.steps):
+        return program
+    rebuilt = _Rebuilt(program)
+    ran: dict[int, set[int]] = {}
+    for s, step in enumerate(program.steps):
+        if s in live:
+            rebuilt.keep(s, step, rebuilt.inputs(step))
+            if step.kind is StepKind.SHARE:
+                ran.setdefault(step.node, set()).add(step.device)
+    dead = {(step.node, step.device) for s, step in enumerate(program.steps)
+            if s not in live and step.kind is StepKind.SHARE}
+    placement = {i: tuple(d for d in ds if (i, d) not in dead or d in ran.get(i, ()))
+                 for i, ds in program.placement.items()}
+    return dataclasses.replace(rebuilt.result(), placement=placement)
 
 
 def route(graph: Graph, assignment: Any, cap: int | None = None,
