@@ -3,6 +3,7 @@
     python bench/paper.py                  # about 10 minutes on 2 cores
     python bench/paper.py --quick          # the smallest model of each family
     python bench/paper.py --machines-only  # only "Beyond one machine" (about a minute)
+    python bench/paper.py --models LSTM-6x4K LSTM-4x4K   # some rows of the throughput table
 
 For each model of the paper's two families on 8 devices of ``--machine`` (the paper's
 8xV100-16GB-PCIe by default): WResNet-50/101/152 with widening 4, 6, 8, 10 (224px images)
@@ -21,7 +22,8 @@ weight) with every strategy of :func:`tofu_mx.sim.simulate`, and reports
 ``"tofu-memory"`` is simulated only where the default plan does not fit (where it does, the
 table shows the default plan). Writes bench/out/paper.md, bench/out/paper-throughput.png
 and bench/out/paper-memory.png (``--machines-only``: bench/out/paper-machines.md, simulating
-only those two models' tofu plans); the committed run is in bench/results/.
+only those two models' tofu plans; ``--models``: bench/out/paper-models.md, those models'
+rows); the committed run is in bench/results/.
 """
 import argparse
 import concurrent.futures
@@ -289,12 +291,21 @@ def main() -> None:
     parser.add_argument("--machines-only", action="store_true",
                         help="only the section \"Beyond one machine\": the tofu plans of "
                              f"{' and '.join(PROJECTED)}, to bench/out/paper-machines.md")
+    parser.add_argument("--models", nargs="+", metavar="LABEL",
+                        help="only these models of the sweep: their rows of the throughput "
+                             "table, to bench/out/paper-models.md")
     args = parser.parse_args()
     from tqdm import tqdm
 
     machine = sim.machine(args.machine)
     models_ = sweep(args.quick)
     strategies = SHOWN + (BY_TIME,)
+    if args.models:
+        known = {m.label: m for m in sweep(False)}
+        missing = [label for label in args.models if label not in known]
+        if missing:
+            parser.error(f"no model(s) {missing} in the sweep; choose from {', '.join(known)}")
+        models_ = [known[label] for label in args.models]
     if args.machines_only:
         models_ = [m for m in sweep(False) if m.label in PROJECTED]
         strategies = ("tofu",)
@@ -312,6 +323,12 @@ def main() -> None:
                      f"machine: {machine.source}).")
         _write("paper-machines.md",
                "\n".join(machines_section(rows, machine, run_alone)) + "\n")
+        return
+    if args.models:
+        _write("paper-models.md", "\n".join([
+            f"`python bench/paper.py --models {' '.join(args.models)}`, "
+            f"{time.strftime('%Y-%m-%d')}, {elapsed:.0f} s on this machine; machine: "
+            f"{machine.name}.", "", *throughput_table(rows)]) + "\n")
         return
     text = report(rows, machine, elapsed)
     os.makedirs(OUT, exist_ok=True)
