@@ -1,12 +1,14 @@
 """Seeded fuzzing: random graphs of described operators, partitioned over 2-4 CPU devices and
 verified against one device (outputs, every gradient, aux states). A failure names its seed:
 ``pytest tests/tofu_mx/runtime/test_fuzz.py -k 'seed_<n>'`` reproduces it. The default run
-tries 200 seeds; ``-m slow`` tries 2,000 more."""
+tries 200 seeds, and 60 of them under the plans keeping converted inputs; ``-m slow`` tries
+2,000 more, and the next 140 keeping."""
 import random
 
 import mxnet as mx
 import pytest
 
+from tofu_mx.search import SearchOptions
 from tests.tofu_mx.runtime.helpers import partition_and_verify
 
 
@@ -89,14 +91,23 @@ def random_graph(seed: int):
     return out, k, shapes
 
 
-def check(seed: int) -> None:
+def check(seed: int, options=None) -> None:
     sym, k, shapes = random_graph(seed)
     try:
-        _, report = partition_and_verify(sym, k, **shapes)
+        _, report = partition_and_verify(sym, k, options=options, **shapes)
     except Exception as e:
         raise AssertionError(f"fuzz seed {seed} (k={k}, shapes {shapes}) failed: "
                              f"{type(e).__name__}: {e}") from e
     assert report.ok, f"fuzz seed {seed} failed"
+
+
+@pytest.mark.parametrize("seed", [
+    pytest.param(s, marks=() if s < 60 else pytest.mark.slow) for s in range(200)],
+    ids=lambda s: f"seed_{s}")
+def test_fuzz_keeping_converted_inputs(seed):
+    """The same graphs under the plans that keep converted inputs for the backward pass
+    (``SearchOptions(refetch=False)``, which ``partition(machine=)`` mostly chooses)."""
+    check(seed, SearchOptions(refetch=False))
 
 
 @pytest.mark.parametrize("seed", range(200), ids=lambda s: f"seed_{s}")
