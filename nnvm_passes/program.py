@@ -680,15 +680,13 @@ def without_dead_steps(program: Program) -> Program:
     if len(live) == len(program.steps):
         return program
     rebuilt = _Rebuilt(program)
-    ran: dict[int, set[int]] = {}
+    ran, dropped = set(), set()                 # (operator, device) of live and dead shares
     for s, step in enumerate(program.steps):
         if s in live:
             rebuilt.keep(s, step, rebuilt.inputs(step))
-            if step.kind is StepKind.SHARE:
-                ran.setdefault(step.node, set()).add(step.device)
-    dead = {(step.node, step.device) for s, step in enumerate(program.steps)
-            if s not in live and step.kind is StepKind.SHARE}
-    placement = {i: tuple(d for d in ds if (i, d) not in dead or d in ran.get(i, ()))
+        if step.kind is StepKind.SHARE:
+            (ran if s in live else dropped).add((step.node, step.device))
+    placement = {i: tuple(d for d in ds if (i, d) in ran or (i, d) not in dropped)
                  for i, ds in program.placement.items()}
     return dataclasses.replace(rebuilt.result(), placement=placement)
 

@@ -48,9 +48,10 @@ _os.environ.setdefault("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", "0")
 _os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
 from tofu_mx.errors import (BindError, CheckpointError, ContextError,  # noqa: E402
-                            DataParallelFasterWarning, InvalidArgumentError, NoFeasiblePlanError, NotASymbolError,
-                            ShapeInferenceError, TofuError, UnknownInputError,
-                            UnsupportedOperatorError, VerificationError)
+                            DataParallelFasterWarning, InvalidArgumentError,
+                            NoFeasiblePlanError, NotASymbolError, ShapeInferenceError,
+                            TofuError, UnknownInputError, UnsupportedOperatorError,
+                            VerificationError)
 
 __version__ = "0.1.0"
 
@@ -86,9 +87,8 @@ def __dir__():
 
 
 __all__ = ["BindError", "CheckpointError", "ContextError", "DataParallelFasterWarning",
-           "GraphSummary",
-           "InvalidArgumentError", "NoFeasiblePlanError", "NotASymbolError", "PartitionedSymbol",
-           "Plan", "SearchOptions", "ShapeInferenceError", "TensorComparison", "TofuError",
-           "UnknownInputError", "UnsupportedOperatorError", "VerificationError",
-           "VerificationReport", "frontier", "gluon", "models", "partition", "plan", "summarize",
-           "verify"]
+           "GraphSummary", "InvalidArgumentError", "NoFeasiblePlanError", "NotASymbolError",
+           "PartitionedSymbol", "Plan", "SearchOptions", "ShapeInferenceError",
+           "TensorComparison", "TofuError", "UnknownInputError", "UnsupportedOperatorError",
+           "VerificationError", "VerificationReport", "frontier", "gluon", "models", "partition",
+           "plan", "summarize", "verify"]

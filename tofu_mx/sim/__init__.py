@@ -35,8 +35,8 @@ from tofu_mx.sim.simulate import (STRATEGIES, SimResult, data_parallel_step, par
 from tofu_mx.sim.work import Work, operator_work
 
 __all__ = ["FUSION_BYTES", "ClusterResult", "GB", "GiB", "Link", "Machine", "PRESETS", "STRATEGIES",
-           "SimResult", "Task", "Work", "compute_time", "data_parallel_step", "finish_times", "gradients_per_device",
-           "gradients_ready",
+           "SimResult", "Task", "Work", "compute_time", "data_parallel_step", "finish_times",
+           "gradients_per_device", "gradients_ready",
            "held_at_forward_end", "machine", "network_all_reduce_time", "operator_work",
            "partitioned_step", "peak_memory", "place_operators", "project_to_machines",
            "ring_all_reduce_time", "simulate", "step_tasks", "swap_time", "transfer_time"]

@@ -100,10 +100,7 @@ def simulate(symbol: mx.sym.Symbol, machine: Machine, strategy: str = "tofu", *,
              **shapes) -> SimResult:
     """One training step of ``symbol`` (with input ``shapes`` as for ``partition``) on
     ``machine`` by ``strategy`` (see the module's docstring)."""
-    if not isinstance(machine, Machine):
-        raise InvalidArgumentError(f"machine must be a tofu_mx.sim.Machine, got "
-                                   f"{type(machine).__name__}; e.g. "
-                                   f"tofu_mx.sim.machine('8xV100-16GB-PCIe')")
+    _check_machine(machine)
     if strategy not in STRATEGIES:
         raise InvalidArgumentError(f"no strategy {strategy!r}; simulate() knows "
                                    f"{', '.join(STRATEGIES)}")
@@ -112,6 +109,13 @@ def simulate(symbol: mx.sym.Symbol, machine: Machine, strategy: str = "tofu", *,
            "placement": _placement, "tofu": _tofu, "tofu-memory": _tofu,
            "tofu-machine": _tofu}[strategy]
     return run(symbol, machine, strategy, options, dtypes, shapes)
+
+
+def _check_machine(machine) -> None:
+    if not isinstance(machine, Machine):
+        raise InvalidArgumentError(f"machine must be a tofu_mx.sim.Machine, got "
+                                   f"{type(machine).__name__}; e.g. "
+                                   f"tofu_mx.sim.machine('8xV100-16GB-PCIe')")
 
 
 def _ideal(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
@@ -137,9 +141,7 @@ def data_parallel_step(symbol: mx.sym.Symbol, machine: Machine, num_devices: int
     """``simulate(symbol, machine, "data_parallel", ...)`` on the machine's first
     ``num_devices`` devices (the batch split over them, the ring all-reduce through them):
     what :func:`tofu_mx.partition` with ``machine=`` weighs its plans against."""
-    if not isinstance(machine, Machine):
-        raise InvalidArgumentError(f"machine must be a tofu_mx.sim.Machine, got "
-                                   f"{type(machine).__name__}")
+    _check_machine(machine)
     k = arguments.count(num_devices, "num_devices", example="num_devices=8")
     if k > machine.num_devices:
         raise InvalidArgumentError(f"machine {machine.name!r} has {machine.num_devices} "
@@ -149,9 +151,9 @@ def data_parallel_step(symbol: mx.sym.Symbol, machine: Machine, num_devices: int
 
 
 def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
-    whole, one, step, peak = _replica(symbol, machine, options, dtypes, shapes)
-    excess = max(0, peak - machine.memory)
     k = machine.num_devices
+    whole, one, step, peak = _replica(symbol, machine, options, dtypes, shapes, k)
+    excess = max(0, peak - machine.memory)
     working = _working_set(one, options.optimizer_state)
     if working > machine.memory:
         return SimResult(strategy, machine.name, False, math.inf, 0.0, (working,) * k,
@@ -160,10 +162,9 @@ def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
     swapping = swap_time(2 * excess, machine)
     params = _replica_gradient_bytes(one)
     step = _Step(max(step.seconds, swapping), step.busiest_device,
-                 max(step.busiest_link, swapping)).then_all_reduce(
-        _all_reduce(params, machine, machine.num_devices))
+                 max(step.busiest_link, swapping)).then_all_reduce(_all_reduce(params, machine, k))
     return _result(strategy, machine, whole, step, (min(peak, machine.memory),) * k,
-                   _reduce_scattered(params, machine.num_devices),
+                   _reduce_scattered(params, k),
                    note=f"swaps {format_bytes(excess)} out and in per device and step"
                    if excess else "swaps nothing")
 
@@ -227,11 +228,9 @@ def _shard_devices(ptd) -> tuple[Graph, Callable[[int], int]]:
     return ptd.shard_graph, ptd.node_devices().__getitem__
 
 
-def _replica(symbol, machine: Machine, options, dtypes, shapes, k: int | None = None):
-    """The whole graph, one device's replica on its share of the batch (over ``k`` devices,
-    all the machine's by default), the replica's step (without the all-reduce) and its
-    peak."""
-    k = machine.num_devices if k is None else k
+def _replica(symbol, machine: Machine, options, dtypes, shapes, k: int):
+    """The whole graph, one device's replica on its share of the batch (over the machine's
+    first ``k`` devices), the replica's step (without the all-reduce) and its peak."""
     whole = import_graph(symbol, dtypes=dtypes, **shapes)
     split = {n.name for n in whole.variables() if n.kind in ("data", "label")}
     share = {name: (-(-shape[0] // k),) + tuple(shape[1:]) if name in split else shape
