@@ -4,7 +4,7 @@
   (:func:`machine`, :data:`PRESETS`): four 8-GPU machines and this computer's ``cpu``
   devices, fitted by ``bench/calibrate.py``;
 - :mod:`tofu_mx.sim.formulas`: an operator's roofline time, a transfer, swapping to host
-  memory, a ring all-reduce;
+  memory, a ring all-reduce, gradients all-reduced in buckets as they are ready;
 - :func:`operator_work`: an operator's forward FLOPs and bytes, counted on its TDL
   description, and the FLOPs each input's gradient repeats;
 - :mod:`tofu_mx.sim.schedule`: a step's tasks on devices and links, run as MXNet's engine
@@ -23,9 +23,10 @@ bench/results/calibration.md), a step's fixed cost (MXNet's executor: tens of mi
 that ``cpu(i)`` devices run memory-bound operators side by side on their own threads (the
 ``cpu`` preset shares one processor), the operators' temporary workspace.
 """
-from tofu_mx.sim.cluster import FUSION_BYTES, ClusterResult, project_to_machines
-from tofu_mx.sim.formulas import (compute_time, network_all_reduce_time, ring_all_reduce_time,
-                                  swap_time, transfer_time)
+from tofu_mx.sim.cluster import ClusterResult, project_to_machines
+from tofu_mx.sim.formulas import (FUSION_BYTES, bucketed_all_reduce, compute_time,
+                                  network_all_reduce_time, ring_all_reduce_time, swap_time,
+                                  transfer_time)
 from tofu_mx.sim.machine import GB, GiB, PRESETS, Link, Machine, machine
 from tofu_mx.sim.memory import gradients_per_device, held_at_forward_end, peak_memory
 from tofu_mx.sim.placement import place_operators
@@ -34,8 +35,8 @@ from tofu_mx.sim.simulate import (STRATEGIES, SimResult, data_parallel_step, par
                                   simulate)
 from tofu_mx.sim.work import Work, operator_work
 
-__all__ = ["FUSION_BYTES", "ClusterResult", "GB", "GiB", "Link", "Machine", "PRESETS", "STRATEGIES",
-           "SimResult", "Task", "Work", "compute_time", "data_parallel_step", "finish_times",
+__all__ = ["FUSION_BYTES", "ClusterResult", "GB", "GiB", "Link", "Machine", "PRESETS",
+           "STRATEGIES", "SimResult", "Task", "Work", "bucketed_all_reduce", "compute_time", "data_parallel_step", "finish_times",
            "gradients_per_device", "gradients_ready",
            "held_at_forward_end", "machine", "network_all_reduce_time", "operator_work",
            "partitioned_step", "peak_memory", "place_operators", "project_to_machines",

@@ -14,7 +14,8 @@ a machine sharing that machine's ``network`` link
 
 The all-reduce overlaps the backward pass: each weight's gradient is all-reduced once it is
 complete on its device (``SimResult.gradient_ready``, from the simulated schedule), the
-gradients fused in that order into buckets of :data:`FUSION_BYTES` (Horovod's tensor fusion;
+gradients fused in that order into buckets of
+:data:`~tofu_mx.sim.formulas.FUSION_BYTES` (Horovod's tensor fusion;
 a bucket goes once its last gradient is ready, the last, smaller one once the last gradient
 is), the buckets one after another over the network::
 
@@ -32,13 +33,9 @@ from dataclasses import dataclass
 
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError
-from tofu_mx.sim.formulas import network_all_reduce_time
+from tofu_mx.sim.formulas import bucketed_all_reduce, network_all_reduce_time
 from tofu_mx.sim.machine import Machine
 from tofu_mx.sim.simulate import SimResult
-
-
-#: the bytes of gradients all-reduced together (Horovod's default fusion threshold, 64 MiB)
-FUSION_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -92,7 +89,9 @@ def project_to_machines(result: SimResult, machine: Machine, num_machines: int
     nbytes = sum(result.gradient_bytes)
     overlapped = bool(result.gradient_ready) and num_machines > 1
     if overlapped:
-        end, all_reduce = _buckets(result.gradient_ready, machine, num_machines)
+        end, all_reduce = bucketed_all_reduce(
+            result.gradient_ready,
+            lambda nbytes: network_all_reduce_time(nbytes, machine, num_machines))
         step = max(result.step_time, end)
     else:
         all_reduce = network_all_reduce_time(nbytes, machine, num_machines)
@@ -103,25 +102,4 @@ def project_to_machines(result: SimResult, machine: Machine, num_machines: int
                          nbytes, overlapped)
 
 
-def _buckets(ready, machine: Machine, num_machines: int) -> tuple[float, float]:
-    """When the last bucket's all-reduce ends, and the seconds the network carries them all
-    (see the module's docstring)."""
-    free = busy = 0.0
-    bucket, last = 0, 0.0
-
-    def send(nbytes: int, at: float) -> None:
-        nonlocal free, busy
-        seconds = network_all_reduce_time(nbytes, machine, num_machines)
-        free, busy = max(free, at) + seconds, busy + seconds
-
-    for at, nbytes in ready:
-        bucket, last = bucket + nbytes, at
-        if bucket >= FUSION_BYTES:
-            send(bucket, last)
-            bucket = 0
-    if bucket:
-        send(bucket, last)
-    return free, busy
-
-
-__all__ = ["FUSION_BYTES", "ClusterResult", "project_to_machines"]
+__all__ = ["ClusterResult", "project_to_machines"]

@@ -18,14 +18,20 @@ each a closed form tested on hand-computed cases.
   each moving ``1/N`` of every device's buffer through its machine's one network link, so
   each step costs the link's latency once and ``1/N`` of the machine's bytes at its bandwidth:
   ``2 (N - 1) (latency + bytes / (N bandwidth))``.
+- :func:`bucketed_all_reduce`: gradients all-reduced as the backward pass completes them,
+  fused in that order into buckets of :data:`FUSION_BYTES` (Horovod's tensor fusion), the
+  buckets one after another: when the last one ends.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError
 from tofu_mx.sim.machine import Link, Machine
+
+#: the bytes of gradients all-reduced together (Horovod's default fusion threshold, 64 MiB)
+FUSION_BYTES = 64 * 2**20
 
 
 def compute_time(flops: float, nbytes: float, machine: Machine, op: str | None = None) -> float:
@@ -85,5 +91,30 @@ def network_all_reduce_time(nbytes: float, machine: Machine, num_machines: int) 
     return 2 * (n - 1) * transfer_time(nbytes / n, machine.network)
 
 
-__all__ = ["compute_time", "network_all_reduce_time", "ring_all_reduce_time", "swap_time",
-           "transfer_time"]
+def bucketed_all_reduce(ready: Sequence[tuple[float, int]],
+                        all_reduce: Callable[[int], float]) -> tuple[float, float]:
+    """When the last bucket's all-reduce ends, and the seconds the buckets take in all, for
+    gradients ``ready`` as ``(seconds, bytes)`` in the order they are complete: fused in that
+    order into buckets of :data:`FUSION_BYTES` (a bucket goes once its last gradient is
+    ready, the last, smaller one once the last gradient is), the buckets one after another,
+    each taking ``all_reduce(bytes)`` seconds."""
+    free = busy = 0.0
+    bucket, last = 0, 0.0
+
+    def send(nbytes: int, at: float) -> None:
+        nonlocal free, busy
+        seconds = all_reduce(nbytes)
+        free, busy = max(free, at) + seconds, busy + seconds
+
+    for at, nbytes in ready:
+        bucket, last = bucket + nbytes, at
+        if bucket >= FUSION_BYTES:
+            send(bucket, last)
+            bucket = 0
+    if bucket:
+        send(bucket, last)
+    return free, busy
+
+
+__all__ = ["FUSION_BYTES", "bucketed_all_reduce", "compute_time", "network_all_reduce_time",
+           "ring_all_reduce_time", "swap_time", "transfer_time"]

@@ -2,16 +2,21 @@
 
 - ``"ideal"``: one device with unlimited memory (it always fits), every operator on it;
 - ``"data_parallel"``: every device runs the whole graph on its share of the batch (the
-  first axis of every data and label input, split as evenly as it goes), then the
-  gradients are summed by a ring all-reduce over all devices, after the backward pass (not
-  overlapped with it); where the devices share one processor (``Machine.shared_compute``:
-  ``cpu(i)``), the replicas take turns on it. It does not fit when the whole model and a
-  share of the batch do not fit one device;
+  first axis of every data and label input, split as evenly as it goes), and the
+  gradients are summed by a ring all-reduce over all devices as the backward pass
+  completes them, overlapping the rest of it (MXNet's engine runs a kvstore's push once
+  its gradient is written, and Horovod does the same), in buckets
+  (:func:`~tofu_mx.sim.formulas.bucketed_all_reduce`): the step ends when the replica's
+  step and the last bucket have. Where the devices share one processor
+  (``Machine.shared_compute``: ``cpu(i)``), the replicas take turns on it, and the
+  all-reduce (copies and sums on that processor too) follows them. It does not fit when the
+  whole model and a share of the batch do not fit one device;
 - ``"swap"``: data parallelism, each device moving to host memory and back what exceeds its
   memory, in the spirit of SwapAdvisor: every step, each device sends out and fetches back
   its peak's excess over its memory, ``host_shared`` devices sharing a host link
   (:func:`~tofu_mx.sim.formulas.swap_time`). The swapping is taken to overlap the compute
-  perfectly (the step is the longer of the two, then the all-reduce): an upper bound of
+  perfectly (the replica's step, and with it when each gradient is complete, stretched to
+  the longer of the two), then the all-reduce as for data parallelism: an upper bound of
   its speed. It does not fit when one operator's working set (its inputs and outputs, and
   their gradients), or one weight's update (the weight, its gradient and its optimizer
   state), does not fit a device;
@@ -58,7 +63,7 @@ from nnvm_passes.ir import Graph
 from tofu_mx import arguments
 from tofu_mx.errors import DataParallelFasterWarning, InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.plan import SearchOptions
-from tofu_mx.sim.formulas import ring_all_reduce_time, swap_time
+from tofu_mx.sim.formulas import bucketed_all_reduce, ring_all_reduce_time, swap_time
 from tofu_mx.sim.machine import Machine
 from tofu_mx.sim.memory import gradients_per_device, peak_memory
 from tofu_mx.sim.placement import place_operators
@@ -130,9 +135,8 @@ def _data_parallel(symbol, machine: Machine, strategy, options, dtypes, shapes,
     k = machine.num_devices if k is None else k
     whole, one, step, peak = _replica(symbol, machine, options, dtypes, shapes, k)
     params = _replica_gradient_bytes(one)
-    return _result(strategy, machine, whole,
-                   step.then_all_reduce(_all_reduce(params, machine, k)), (peak,) * k,
-                   _reduce_scattered(params, k))
+    return _result(strategy, machine, whole, _all_reduced(step, params, machine, k),
+                   (peak,) * k, _reduce_scattered(params, k))
 
 
 def data_parallel_step(symbol: mx.sym.Symbol, machine: Machine, num_devices: int, *,
@@ -161,8 +165,11 @@ def _swap(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
                          f"{format_bytes(working)} of {format_bytes(machine.memory)}")
     swapping = swap_time(2 * excess, machine)
     params = _replica_gradient_bytes(one)
-    step = _Step(max(step.seconds, swapping), step.busiest_device,
-                 max(step.busiest_link, swapping)).then_all_reduce(_all_reduce(params, machine, k))
+    stretch = max(step.seconds, swapping) / step.seconds if step.seconds else 1.0
+    step = _all_reduced(_Step(step.seconds * stretch, step.busiest_device,
+                              max(step.busiest_link, swapping),
+                              tuple((t * stretch, b) for t, b in step.gradient_ready)),
+                        params, machine, k)
     return _result(strategy, machine, whole, step, (min(peak, machine.memory),) * k,
                    _reduce_scattered(params, k),
                    note=f"swaps {format_bytes(excess)} out and in per device and step"
@@ -257,10 +264,17 @@ def _replica_gradient_bytes(graph: Graph) -> int:
     return gradients_per_device(graph, lambda i: 0, 1)[0]
 
 
-def _all_reduce(params: int, machine: Machine, k: int) -> float:
-    """Seconds the ring all-reduce of ``params`` gradient bytes takes over the machine's
-    first ``k`` devices."""
-    return ring_all_reduce_time(params, machine, range(k))
+def _all_reduced(step: _Step, params: int, machine: Machine, k: int) -> _Step:
+    """A replica's ``step`` with the ring all-reduce of its ``params`` gradient bytes over
+    the machine's first ``k`` devices: in buckets as its backward pass completes them
+    (``step.gradient_ready``), or after the step where the devices share one processor.
+    The result has no ``gradient_ready``: every gradient is summed at its end."""
+    def ring(nbytes: float) -> float:
+        return ring_all_reduce_time(nbytes, machine, range(k))
+    if machine.shared_compute or not step.gradient_ready:
+        return step.then_all_reduce(ring(params))
+    end, busy = bucketed_all_reduce(step.gradient_ready, ring)
+    return _Step(max(step.seconds, end), step.busiest_device, step.busiest_link + busy)
 
 
 def _reduce_scattered(params: int, k: int) -> tuple[int, ...]:

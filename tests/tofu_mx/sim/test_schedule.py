@@ -200,6 +200,36 @@ def test_data_parallelism_is_a_share_of_the_batch_then_a_gradient_all_reduce():
     assert not sim.simulate(sym, small, "data_parallel", **shapes).fits   # 16 MiB of weights
 
 
+def test_data_parallelism_all_reduces_gradients_as_the_backward_pass_completes_them():
+    """Four 4096 x 4096 layers (64 MiB of weight each, one bucket each): the last layer's
+    gradient is complete first and its all-reduce runs while the backward pass computes the
+    others', so the step ends at the last bucket's all-reduce, not the whole all-reduce
+    after the replica's step; the link carries all of it either way."""
+    big, _ = machines()
+    x = mx.sym.var("data")
+    for i in range(4):
+        x = mx.sym.FullyConnected(x, num_hidden=4096, name=f"fc{i}")
+    sym = mx.sym.LinearRegressionOutput(x, name="loss")
+    dp = sim.simulate(sym, big, "data_parallel", data=(64, 4096), loss_label=(64, 4096))
+    half = sim.simulate(sym, big, "ideal", data=(32, 4096), loss_label=(32, 4096))
+    weights = 4 * 4 * (4096 * 4096 + 4096)
+    assert sum(b for _, b in half.gradient_ready) == weights
+    times = [t for t, _ in half.gradient_ready]
+    assert len(times) == 8 and times[0] < times[-1] == pytest.approx(half.step_time)
+
+    def ring(nbytes):
+        return sim.ring_all_reduce_time(nbytes, big, [0, 1])
+    end, busy = sim.bucketed_all_reduce(half.gradient_ready, ring)
+    assert busy >= ring(weights)                      # four buckets: four rings' latencies
+    assert dp.step_time == pytest.approx(max(half.step_time, end))
+    assert dp.step_time < half.step_time + ring(weights)
+    assert dp.busiest_link == pytest.approx(busy)
+    assert dp.gradient_ready == ()                    # every gradient summed at its end
+    # swapping with room to spare is the same step
+    assert sim.simulate(sym, big, "swap", data=(64, 4096),
+                        loss_label=(64, 4096)).step_time == pytest.approx(dp.step_time)
+
+
 def test_data_parallelism_on_some_of_a_machines_devices_and_on_a_shared_processor():
     """``data_parallel_step`` on the first k devices is data parallelism on a k-device
     machine; where the devices share one processor (cpu(i)), the replicas take turns on it,
