@@ -28,6 +28,7 @@ rows); the committed run is in bench/results/.
 import argparse
 import concurrent.futures
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -46,6 +47,8 @@ SHOWN = ("ideal", "data_parallel", "swap", "placement", "tofu")
 ALTERNATIVES = ("data_parallel", "swap", "placement")
 #: the plan partition(machine=...) chooses by simulated step time (a column of its own)
 BY_TIME = "tofu-machine"
+#: data parallelism across the machine's device groups, Tofu's machine= plan inside each
+HYBRID = "hybrid"
 OPTIONS = SearchOptions(optimizer_state=1)      # SGD with momentum
 WRESNET_BATCH, LSTM_BATCH, LSTM_STEPS, VOCAB = 32, 64, 20, 10000
 #: "Beyond one machine": the models projected, and the numbers of machines
@@ -94,18 +97,52 @@ def run(model: Model, machine_name: str, strategies=SHOWN) -> tuple[Model, int, 
 
 def throughput_table(rows) -> list[str]:
     head = ["model", "weights"] + [f"{s}" for s in SHOWN[1:]] + \
-        ["tofu / best alternative", "tofu, machine=", "its plan", "machine= / best alternative"]
+        ["tofu / best alternative", "tofu, machine=", "its plan", "machine= / best alternative",
+         "hybrid", "best of machine= and hybrid / best alternative"]
     cells = []
     for model, weights, results, _ in rows:
         ideal = results["ideal"].throughput
+
+        def relative(strategy):
+            r = results.get(strategy)
+            return "-" if r is None else f"{r.throughput / ideal:.2f}" if r.fits else \
+                "does not fit"
         timed = results.get(BY_TIME)
         cells.append([model.label, format_bytes(weights)] +
-                     [f"{results[s].throughput / ideal:.2f}" if results[s].fits else
-                      "does not fit" for s in SHOWN[1:]] + [_versus(results)] +
-                     ([f"{timed.throughput / ideal:.2f}" if timed.fits else "does not fit",
-                       _kept(timed.note), _versus(results, BY_TIME)] if timed else
-                      ["-", "-", "-"]))
+                     [relative(s) for s in SHOWN[1:]] + [_versus(results)] +
+                     ([relative(BY_TIME), _kept(timed.note), _versus(results, BY_TIME)]
+                      if timed else ["-", "-", "-"]) +
+                     ([relative(HYBRID), _versus(results, _best_tofu(results))]
+                      if HYBRID in results and timed else ["-", "-"]))
     return table(head, cells).split("\n")
+
+
+def _best_tofu(results) -> str:
+    """Of ``machine=``'s plan and the hybrid, the faster that fits (``machine=``'s if
+    neither does)."""
+    fitting = [s for s in (BY_TIME, HYBRID) if results[s].fits]
+    return max(fitting, key=lambda s: results[s].throughput, default=BY_TIME)
+
+
+def counts(rows) -> list[str]:
+    """How many configurations where Tofu fits each Tofu strategy is at least 1.0x and
+    1.25x the best alternative that fits (or where only Tofu fits)."""
+    out = []
+    for label, pick in (("tofu, machine=", lambda r: BY_TIME),
+                        ("the best of machine= and hybrid", _best_tofu)):
+        ratios = []
+        for _, _, results, _ in rows:
+            if BY_TIME not in results or HYBRID not in results:
+                continue
+            mine = results[pick(results)]
+            if not mine.fits:
+                continue
+            fitting = [results[s].throughput for s in ALTERNATIVES if results[s].fits]
+            ratios.append(mine.throughput / max(fitting) if fitting else math.inf)
+        out.append(f"- {label}: at least 1.0x the best alternative on "
+                   f"{sum(x >= 1.0 for x in ratios)} of {len(ratios)} configurations where "
+                   f"it fits, 1.25x or more on {sum(x >= 1.25 for x in ratios)}.")
+    return out
 
 
 def _kept(note: str) -> str:
@@ -299,7 +336,7 @@ def main() -> None:
 
     machine = sim.machine(args.machine)
     models_ = sweep(args.quick)
-    strategies = SHOWN + (BY_TIME,)
+    strategies = SHOWN + (BY_TIME, HYBRID)
     if args.models:
         known = {m.label: m for m in sweep(False)}
         missing = [label for label in args.models if label not in known]
@@ -374,7 +411,15 @@ def report(rows, machine, elapsed: float) -> str:
         "them, each routed as it is and through the machine's two PCIe switches (\"once "
         "per group\": a value several devices of a switch read crosses the host bridge "
         "once, to one of them, which passes it on), the fastest that fits (\"its plan\": "
-        "which).", "",
+        "which). \"hybrid\": data parallelism across the machine's two switches, each "
+        "switch's four GPUs running the plan `machine=` chooses for four devices on half "
+        "the batch, each GPU's gradient shard all-reduced with its peer in the other switch "
+        "over the host bridge as the backward pass completes it; `partition(machine=...)` "
+        "reports it and warns where it is faster, but returns a partition of all the "
+        "devices: the hybrid runs as two workers (`horovodrun -np 2`, "
+        "`tofu_mx.gluon.Trainer(kvstore='horovod')`). Data parallelism's (and swapping's) "
+        "all-reduce overlaps its backward pass the same way.", "",
+        *counts(rows), "",
         "## Peak memory per device", "",
         *memory_table(rows, machine), "",
         "## The largest model each strategy trains", "",

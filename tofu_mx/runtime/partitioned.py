@@ -65,6 +65,7 @@ class Candidate:
     refetch: bool = True       # converted inputs fetched again for the backward pass
     group_size: int = 0        # values crossing to a group of this many devices cross once
     #                            (nnvm_passes.program.relayed_reads); 0: to each reader
+    groups: int = 0            # the hybrid's device groups, data parallel (0: not a hybrid)
 
 
 @dataclass(frozen=True)
@@ -78,14 +79,34 @@ class MachineChoice:
     #: kvstore runs it), so never chosen, but said where it would be faster; None where
     #: the graph has no batch to split over the devices
     data_parallel: Candidate | None = None
+    #: data parallelism across the machine's device groups that ctx spans, Tofu inside each
+    #: (:func:`tofu_mx.sim.hybrid_step`): not one partition (one worker per group runs it,
+    #: the shards' gradients summed by Horovod), so never chosen, but said where it would
+    #: be faster; None where ctx is not two or more whole groups or has no batch to split
+    hybrid: Candidate | None = None
 
     @property
     def data_parallel_faster(self) -> bool:
         """Data parallelism fits the machine's memory and is predicted faster than the
         chosen plan."""
-        dp = self.data_parallel
-        return dp is not None and dp.fits and (dp.step < self.chosen.step or
-                                               not self.chosen.fits)
+        return self._faster(self.data_parallel)
+
+    @property
+    def hybrid_faster(self) -> bool:
+        """The hybrid fits the machine's memory and is predicted faster than the chosen
+        plan."""
+        return self._faster(self.hybrid)
+
+    @property
+    def fastest_elsewhere(self) -> Candidate | None:
+        """The faster of data parallelism and the hybrid where one fits and is predicted
+        faster than the chosen plan (what ``partition()`` warns of); else None."""
+        faster = [c for c in (self.data_parallel, self.hybrid) if self._faster(c)]
+        return min(faster, key=lambda c: c.step, default=None)
+
+    def _faster(self, other: Candidate | None) -> bool:
+        return other is not None and other.fits and (other.step < self.chosen.step or
+                                                     not self.chosen.fits)
 
     def lines(self) -> list[str]:
         fits = [c for c in self.candidates if c.fits]
@@ -97,13 +118,20 @@ class MachineChoice:
         out += [f"  also weighed: {c.label}, {c.step * 1e3:,.1f} ms, "
                 f"{format_bytes(c.peak)}{'' if c.fits else ' (does not fit)'}"
                 for c in self.candidates if c is not self.chosen]
-        dp = self.data_parallel
-        if dp is not None:
-            out.append(f"  for comparison, not a partition: {dp.label}, {dp.step * 1e3:,.1f} ms, "
-                       f"{format_bytes(dp.peak)}{'' if dp.fits else ' (does not fit)'}")
-        if self.data_parallel_faster:
-            out.append(f"  {DATA_PARALLEL_ADVICE}")
+        for other in (self.data_parallel, self.hybrid):
+            if other is not None:
+                out.append(f"  for comparison, not a partition: {other.label}, "
+                           f"{other.step * 1e3:,.1f} ms, {format_bytes(other.peak)}"
+                           f"{'' if other.fits else ' (does not fit)'}")
+        if self.fastest_elsewhere is not None:
+            out.append(f"  {self.advice()}")
         return out
+
+    def advice(self) -> str:
+        """What to run instead, where :attr:`fastest_elsewhere` is not None."""
+        if self.fastest_elsewhere is self.data_parallel:
+            return DATA_PARALLEL_ADVICE
+        return HYBRID_ADVICE.format(groups=self.hybrid.groups)
 
 
 #: how :attr:`MachineChoice.data_parallel` is described
@@ -113,6 +141,16 @@ DATA_PARALLEL = ("data parallelism (every device the whole model on its share of
 DATA_PARALLEL_ADVICE = ("data parallelism is predicted faster on this machine, and fits: "
                         "train the unpartitioned model on these devices with a kvstore "
                         "(gluon.Trainer over their contexts, or mx.mod.Module(context=...))")
+
+#: how :attr:`MachineChoice.hybrid` is described (the number of groups, the devices in each)
+HYBRID = ("data parallelism across {groups} groups of {size} devices, Tofu inside each "
+          "(one worker per group, the shards' gradients summed by Horovod)")
+#: what :class:`MachineChoice` says where the hybrid is predicted faster
+HYBRID_ADVICE = ("data parallelism across the {groups} device groups, Tofu inside each, is "
+                 "predicted faster on this machine, and fits: run {groups} workers "
+                 "(horovodrun -np {groups}), each partitioning the model over one group's "
+                 "devices for its share of the batch, with "
+                 "tofu_mx.gluon.Trainer(kvstore='horovod')")
 
 
 class PartitionedSymbol:
@@ -584,7 +622,7 @@ STEP_TIME_CANDIDATES = (("converted inputs fetched again for the backward pass",
 def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context,
                         machine, *, memory_budget=None, options: SearchOptions | None = None,
                         dtypes: Mapping[str, Any] | None = None, strict: bool = False,
-                        **shapes) -> PartitionedSymbol:
+                        compare: bool = True, **shapes) -> PartitionedSymbol:
     """``partition(..., machine=machine)``: each plan of :data:`STEP_TIME_CANDIDATES` (the
     fewest-bytes plan at ``options`` but for re-fetching; within ``memory_budget`` if
     given), one training step of it simulated on ``machine``
@@ -595,7 +633,9 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
     switches, NVLink quads), each plan is weighed routed both ways: every reader fetching
     from the holder, and each value several devices of a group read sent to the group once
     (:func:`nnvm_passes.program.relayed_reads`: fewer bytes over the links between groups,
-    a copy more within the group)."""
+    a copy more within the group). With ``compare``, data parallelism and the hybrid on the
+    same devices are simulated too (:class:`MachineChoice`), and a
+    :class:`tofu_mx.DataParallelFasterWarning` is raised where one fits and is faster."""
     from tofu_mx import sim
     contexts = check_contexts(ctx)
     if isinstance(machine, str):
@@ -631,12 +671,17 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
         raise min(errors, key=lambda e: e.footprint)
     weighed.sort(key=lambda c: (not c[0].fits, c[0].step if c[0].fits else c[0].peak))
     chosen, ptd = weighed[0]
-    choice = MachineChoice(machine.name, chosen, tuple(c for c, _ in weighed),
-                           _data_parallel(symbol, ptd.graph, len(contexts), machine, options,
-                                          dtypes, shapes))
-    if choice.data_parallel_faster:
-        warnings.warn(f"partition(machine={machine.name!r}): {DATA_PARALLEL_ADVICE} "
-                      f"({choice.data_parallel.step * 1e3:,.1f} ms per step predicted, "
+    choice = MachineChoice(machine.name, chosen, tuple(c for c, _ in weighed))
+    if compare:
+        choice = dataclasses.replace(
+            choice,
+            data_parallel=_data_parallel(symbol, ptd.graph, len(contexts), machine, options,
+                                         dtypes, shapes),
+            hybrid=_hybrid(symbol, ptd.graph, len(contexts), machine, options, dtypes, shapes))
+    faster = choice.fastest_elsewhere
+    if faster is not None:
+        warnings.warn(f"partition(machine={machine.name!r}): {choice.advice()} "
+                      f"({faster.step * 1e3:,.1f} ms per step predicted, "
                       f"against {chosen.step * 1e3:,.1f} ms for the partitioned plan)",
                       DataParallelFasterWarning, stacklevel=3)
     ptd.machine_choice = choice
@@ -655,6 +700,22 @@ def _data_parallel(symbol, graph: Graph, k: int, machine, options: SearchOptions
     result = sim.data_parallel_step(symbol, machine, k, options=options, dtypes=dtypes,
                                     **shapes)
     return Candidate(DATA_PARALLEL, result.step_time, max(result.peak_memory), result.fits)
+
+
+def _hybrid(symbol, graph: Graph, k: int, machine, options: SearchOptions, dtypes,
+            shapes) -> Candidate | None:
+    """Data parallelism across the machine's device groups among its first ``k`` devices,
+    Tofu inside each, simulated as a :class:`Candidate`; None where they are not two or more whole groups or the batch does not split
+    over them."""
+    from tofu_mx import sim
+    size = machine.group_size
+    data = graph.variables("data")
+    if k % size or k // size < 2 or not data or any(
+            not v.outputs[0].shape or v.outputs[0].shape[0] < k // size for v in data):
+        return None
+    result = sim.hybrid_step(symbol, machine, k, options=options, dtypes=dtypes, **shapes)
+    return Candidate(HYBRID.format(groups=k // size, size=size), result.step_time,
+                     max(result.peak_memory), result.fits, groups=k // size)
 
 
 #: how a candidate of ``partition(machine=...)`` routed through the machine's device groups

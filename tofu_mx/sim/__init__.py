@@ -12,8 +12,9 @@
 - :mod:`tofu_mx.sim.memory`: what each device holds, at the end of the forward pass and at
   its peak (as MXNet's executor plans its memory);
 - :func:`place_operators`: the operator-placement alternative;
-- :func:`simulate` with the strategies :data:`STRATEGIES` (:func:`data_parallel_step`: data
-  parallelism on the machine's first devices);
+- :func:`simulate` with the strategies :data:`STRATEGIES` (:func:`data_parallel_step` and
+  :func:`hybrid_step`: data parallelism, and data parallelism across device groups with Tofu
+  inside each, on the machine's first devices);
 - :func:`project_to_machines`: a simulated step on ``N`` machines, data-parallel across
   them over each machine's ``network`` link, each gradient all-reduced once the backward
   pass completes it (in buckets, overlapping the rest of the backward pass).
@@ -31,13 +32,14 @@ from tofu_mx.sim.machine import GB, GiB, PRESETS, Link, Machine, machine
 from tofu_mx.sim.memory import gradients_per_device, held_at_forward_end, peak_memory
 from tofu_mx.sim.placement import place_operators
 from tofu_mx.sim.schedule import Task, finish_times, gradients_ready, step_tasks
-from tofu_mx.sim.simulate import (STRATEGIES, SimResult, data_parallel_step, partitioned_step,
-                                  simulate)
+from tofu_mx.sim.simulate import (STRATEGIES, SimResult, data_parallel_step, hybrid_step,
+                                  partitioned_step, simulate)
 from tofu_mx.sim.work import Work, operator_work
 
 __all__ = ["FUSION_BYTES", "ClusterResult", "GB", "GiB", "Link", "Machine", "PRESETS",
-           "STRATEGIES", "SimResult", "Task", "Work", "bucketed_all_reduce", "compute_time", "data_parallel_step", "finish_times",
-           "gradients_per_device", "gradients_ready",
-           "held_at_forward_end", "machine", "network_all_reduce_time", "operator_work",
-           "partitioned_step", "peak_memory", "place_operators", "project_to_machines",
-           "ring_all_reduce_time", "simulate", "step_tasks", "swap_time", "transfer_time"]
+           "STRATEGIES", "SimResult", "Task", "Work", "bucketed_all_reduce", "compute_time",
+           "data_parallel_step", "finish_times", "gradients_per_device", "gradients_ready",
+           "held_at_forward_end", "hybrid_step", "machine", "network_all_reduce_time",
+           "operator_work", "partitioned_step", "peak_memory", "place_operators",
+           "project_to_machines", "ring_all_reduce_time", "simulate", "step_tasks",
+           "swap_time", "transfer_time"]

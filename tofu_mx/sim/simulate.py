@@ -30,6 +30,15 @@
 - ``"tofu-machine"``: the plan ``partition(machine=...)`` chooses by this simulator's step
   time (the fastest of its candidates that fits, each plan routed as it is and through the
   machine's device groups; the note names it);
+- ``"hybrid"``: data parallelism across the machine's device groups (PCIe switches, NVLink
+  quads), Tofu inside each: every group runs the plan ``partition(machine=...)`` chooses
+  for one group's devices (``"tofu-machine"`` on a machine of ``group_size`` devices) on
+  its share of the batch, and each device's summed gradient shard is all-reduced with the
+  same device of the other groups (one ring per device of a group, all at once, over the
+  ``bridge``, sharing it where ``bridge_shared``), in buckets as the backward pass completes
+  them, as for data parallelism. What it runs: one worker per group, each partitioning over
+  its group's devices, ``tofu_mx.gluon.Trainer(kvstore="horovod")`` summing the shards.
+  Not run (``fits`` False, says why) where the machine is one group;
 - ``"tofu-memory"``: the plan moving the fewest bytes that fits the machine's memory
   (``partition(memory_budget=...)``); as the plan counts what a device holds at the end of
   the forward pass and the simulation its peak, the budget is lowered (up to ``RETRIES``
@@ -52,8 +61,8 @@ says when, in the step's schedule, each weight's gradient is complete on its dev
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -61,9 +70,10 @@ import mxnet as mx
 
 from nnvm_passes.ir import Graph
 from tofu_mx import arguments
-from tofu_mx.errors import DataParallelFasterWarning, InvalidArgumentError, NoFeasiblePlanError
+from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
 from tofu_mx.search.plan import SearchOptions
-from tofu_mx.sim.formulas import bucketed_all_reduce, ring_all_reduce_time, swap_time
+from tofu_mx.sim.formulas import (bucketed_all_reduce, ring_all_reduce_time, swap_time,
+                                  transfer_time)
 from tofu_mx.sim.machine import Machine
 from tofu_mx.sim.memory import gradients_per_device, peak_memory
 from tofu_mx.sim.placement import place_operators
@@ -74,7 +84,7 @@ from tofu_mx.tdl.annotate import import_graph
 
 #: the strategies :func:`simulate` knows
 STRATEGIES = ("ideal", "data_parallel", "swap", "placement", "tofu", "tofu-memory",
-              "tofu-machine")
+              "tofu-machine", "hybrid")
 #: how many times ``"placement"`` and ``"tofu-memory"`` lower their cap to fit the peak
 RETRIES = 3
 
@@ -112,7 +122,7 @@ def simulate(symbol: mx.sym.Symbol, machine: Machine, strategy: str = "tofu", *,
     options = SearchOptions.of(options)
     run = {"ideal": _ideal, "data_parallel": _data_parallel, "swap": _swap,
            "placement": _placement, "tofu": _tofu, "tofu-memory": _tofu,
-           "tofu-machine": _tofu}[strategy]
+           "tofu-machine": _tofu, "hybrid": _hybrid}[strategy]
     return run(symbol, machine, strategy, options, dtypes, shapes)
 
 
@@ -196,17 +206,19 @@ def _placement(symbol, machine: Machine, strategy, options, dtypes, shapes) -> S
 
 
 def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
-    from tofu_mx.runtime.partitioned import partition
+    from tofu_mx.runtime.partitioned import choose_by_step_time, partition
 
     k = machine.num_devices
     budget = machine.memory if strategy == "tofu-memory" else None
-    chooser = machine if strategy == "tofu-machine" else None
+    ctx = [mx.cpu(i) for i in range(k)]
     for _ in range(RETRIES + 1):
         try:
-            with warnings.catch_warnings():     # simulate() weighs data parallelism itself
-                warnings.simplefilter("ignore", DataParallelFasterWarning)
-                ptd = partition(symbol, [mx.cpu(i) for i in range(k)], options=options,
-                                dtypes=dtypes, memory_budget=budget, machine=chooser, **shapes)
+            if strategy == "tofu-machine":  # simulate() weighs the other strategies itself
+                ptd = choose_by_step_time(symbol, ctx, machine, options=options,
+                                          dtypes=dtypes, compare=False, **shapes)
+            else:
+                ptd = partition(symbol, ctx, options=options, dtypes=dtypes,
+                                memory_budget=budget, **shapes)
         except NoFeasiblePlanError as e:
             return SimResult(strategy, machine.name, False, math.inf, 0.0, (e.footprint,) * k,
                              "no plan fits the memory")
@@ -218,6 +230,60 @@ def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
     note = ptd.machine_choice.chosen.label if ptd.machine_choice is not None else ""
     return _result(strategy, machine, ptd.graph, _step_time(graph, device_of, machine), peak,
                    gradients_per_device(graph, device_of, k), note=note)
+
+
+def _hybrid(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
+    return _hybrid_on(symbol, machine, machine.num_devices, strategy, options, dtypes, shapes)
+
+
+def hybrid_step(symbol: mx.sym.Symbol, machine: Machine, num_devices: int, *,
+                options: SearchOptions | None = None,
+                dtypes: Mapping[str, Any] | None = None, **shapes) -> SimResult:
+    """``simulate(symbol, machine, "hybrid", ...)`` on the machine's first ``num_devices``
+    devices (whole groups of ``machine.group_size``): data parallelism across their groups,
+    Tofu inside each, as :func:`tofu_mx.partition` with ``machine=`` weighs it."""
+    _check_machine(machine)
+    k = arguments.count(num_devices, "num_devices", example="num_devices=8")
+    if k > machine.num_devices:
+        raise InvalidArgumentError(f"machine {machine.name!r} has {machine.num_devices} "
+                                   f"device(s), fewer than num_devices={k}")
+    return _hybrid_on(symbol, machine, k, "hybrid", SearchOptions.of(options), dtypes, shapes)
+
+
+def _hybrid_on(symbol, machine: Machine, k: int, strategy, options, dtypes, shapes
+               ) -> SimResult:
+    size = machine.group_size
+    groups = k // size if k % size == 0 else 1
+    whole = import_graph(symbol, dtypes=dtypes, **shapes)
+    if groups < 2:
+        return SimResult(strategy, machine.name, False, math.inf, 0.0, (0,) * k,
+                         f"{k} device(s) of {machine.name!r} are not two or more whole "
+                         f"groups of {size}: nothing to be data parallel across")
+    split = {n.name for n in whole.variables() if n.kind in ("data", "label")}
+    if not split or any(shapes[name][0] < groups for name in split):
+        return SimResult(strategy, machine.name, False, math.inf, 0.0, (0,) * k,
+                         f"no batch of {groups} or more samples to split over {groups} groups")
+    share = {name: (-(-shape[0] // groups),) + tuple(shape[1:]) if name in split else shape
+             for name, shape in shapes.items()}
+    group = dataclasses.replace(machine, name=f"{machine.name}, one group of {size}",
+                                num_devices=size, host_shared=math.gcd(machine.host_shared, size))
+    inner = _tofu(symbol, group, "tofu-machine", options, dtypes, share)
+    if not inner.fits:
+        return dataclasses.replace(inner, strategy=strategy, machine=machine.name,
+                                   peak_memory=inner.peak_memory * groups)
+    # one ring per device of a group through the same device of every other group; where
+    # the rings share one bridge each way, it carries all of them
+    gradients = sum(inner.gradient_bytes)
+    fraction = 1.0 if machine.bridge_shared else max(inner.gradient_bytes) / max(gradients, 1)
+
+    def across(nbytes: float) -> float:
+        return 2 * (groups - 1) * transfer_time(nbytes * fraction / groups, machine.bridge)
+    end, busy = bucketed_all_reduce(inner.gradient_ready, across)
+    step = _Step(max(inner.step_time, end), inner.busiest_device, inner.busiest_link + busy)
+    return _result(strategy, machine, whole, step, inner.peak_memory * groups,
+                   inner.gradient_bytes * groups,
+                   note=f"{groups} groups of {size} devices, data parallel; in each: "
+                        f"{inner.note}")
 
 
 def partitioned_step(ptd, machine: Machine, optimizer_state: float = 0.0
@@ -324,5 +390,5 @@ def _batch(graph: Graph) -> int:
     return data[0].outputs[0].shape[0] if data and data[0].outputs[0].shape else 1
 
 
-__all__ = ["RETRIES", "STRATEGIES", "SimResult", "data_parallel_step", "partitioned_step",
-           "simulate"]
+__all__ = ["RETRIES", "STRATEGIES", "SimResult", "data_parallel_step", "hybrid_step",
+           "partitioned_step", "simulate"]

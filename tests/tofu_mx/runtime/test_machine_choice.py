@@ -10,7 +10,8 @@ import pytest
 import tofu_mx
 from tofu_mx import models, sim
 from tofu_mx.errors import InvalidArgumentError
-from tofu_mx.runtime.partitioned import DATA_PARALLEL_ADVICE, STEP_TIME_CANDIDATES
+from tofu_mx.runtime.partitioned import (DATA_PARALLEL_ADVICE, STEP_TIME_CANDIDATES, Candidate,
+                                        MachineChoice)
 from tofu_mx.search import SearchOptions
 from tests.tofu_mx.runtime.helpers import float64
 from tests.tofu_mx.runtime.test_partition_models import BUILDERS, ZOO, batch_for, zoo_symbol
@@ -101,6 +102,49 @@ def test_data_parallelism_is_weighed_for_comparison_and_advised_where_faster():
              "softmax_label": (2,) + shapes["softmax_label"][1:]}
     assert tofu_mx.partition(sym, ctx(3), machine=V100,
                              **small).machine_choice.data_parallel is None
+
+
+def test_the_hybrid_is_weighed_for_comparison_across_whole_groups():
+    """Over the 8 devices of two PCIe switches, the choice also simulates data parallelism
+    across the two switches with Tofu inside each (``sim.hybrid_step``): reported, never
+    chosen; over 3 or 4 devices (not two whole groups) there is none."""
+    sym, shapes = lstm()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ptd = weighed(V100, k=8)
+    choice = ptd.machine_choice
+    hybrid = sim.hybrid_step(sym, sim.machine(V100), 8, **shapes)
+    assert choice.hybrid.step == hybrid.step_time and choice.hybrid.fits
+    assert choice.hybrid.peak == max(hybrid.peak_memory) and choice.hybrid.groups == 2
+    assert choice.hybrid not in choice.candidates
+    assert ("for comparison, not a partition: data parallelism across 2 groups of 4 devices, "
+            "Tofu inside each") in ptd.report()
+    advised = [str(w.message) for w in caught
+               if issubclass(w.category, tofu_mx.DataParallelFasterWarning)]
+    faster = choice.fastest_elsewhere
+    assert len(advised) == (faster is not None)
+    if faster is choice.hybrid:
+        assert "run 2 workers (horovodrun -np 2)" in advised[0]
+    assert weighed(V100, k=3).machine_choice.hybrid is None
+    assert weighed(V100, k=4).machine_choice.hybrid is None
+
+
+def test_the_advice_names_the_fastest_that_fits():
+    chosen = Candidate("plan", 0.003, 100, True)
+    dp, hybrid = Candidate("dp", 0.002, 100, True), Candidate("hybrid", 0.001, 100, True,
+                                                              groups=2)
+    both = MachineChoice("m", chosen, (chosen,), dp, hybrid)
+    assert both.fastest_elsewhere is hybrid and both.data_parallel_faster
+    assert both.hybrid_faster and "run 2 workers" in both.advice()
+    assert "run 2 workers" in both.lines()[-1]
+    too_big = dataclasses.replace(hybrid, fits=False)
+    only_dp = MachineChoice("m", chosen, (chosen,), dp, too_big)
+    assert only_dp.fastest_elsewhere is dp and only_dp.advice() == DATA_PARALLEL_ADVICE
+    slower = MachineChoice("m", chosen, (chosen,), dataclasses.replace(dp, step=0.004),
+                           dataclasses.replace(hybrid, step=0.005))
+    assert slower.fastest_elsewhere is None and not slower.hybrid_faster
+    assert not any("predicted faster" in line for line in slower.lines())
+    assert MachineChoice("m", chosen, (chosen,)).fastest_elsewhere is None
 
 
 def test_bad_machines_are_refused_with_what_to_do():

@@ -24,11 +24,14 @@ def test_every_strategy_runs_and_reports_a_consistent_step(net):
     machine = dataclasses.replace(sim.machine("8xV100-16GB-PCIe"), num_devices=2,
                                   group_size=2, host_shared=2)
     batch = next(iter(shapes.values()))[0]
-    results = {s: sim.simulate(sym, machine, s, **shapes) for s in sim.STRATEGIES}
+    two_pairs = dataclasses.replace(machine, num_devices=4)     # the hybrid needs two groups
+    results = {s: sim.simulate(sym, two_pairs if s == "hybrid" else machine, s, **shapes)
+               for s in sim.STRATEGIES}
     ideal = results["ideal"]
     for strategy, r in results.items():
-        assert r.strategy == strategy and r.machine == machine.name
-        assert len(r.peak_memory) == (1 if strategy == "ideal" else 2)
+        assert r.strategy == strategy
+        assert r.machine == (two_pairs if strategy == "hybrid" else machine).name
+        assert len(r.peak_memory) == {"ideal": 1, "hybrid": 4}.get(strategy, 2)
         assert r.fits and 0 < r.step_time < math.inf       # small nets fit everywhere
         assert r.throughput == pytest.approx(batch / r.step_time)
         assert max(r.peak_memory) > 0
