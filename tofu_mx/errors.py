@@ -64,8 +64,10 @@ class CheckpointError(InvalidArgumentError):
 
 
 class DataParallelFasterWarning(RuntimeWarning):
-    """``partition(machine=...)``: data parallelism fits the machine and is predicted faster
-    than every partitioned plan (:attr:`tofu_mx.runtime.partitioned.MachineChoice`)."""
+    """``partition(machine=...)``: data parallelism, or data parallelism across the machine's
+    device groups with Tofu inside each, fits the machine and is predicted faster than every
+    partitioned plan (:attr:`tofu_mx.runtime.partitioned.MachineChoice`); the message says
+    what to run instead."""
 
 
 def mxnet_message(error: BaseException) -> str:
