@@ -705,8 +705,8 @@ def _data_parallel(symbol, graph: Graph, k: int, machine, options: SearchOptions
 def _hybrid(symbol, graph: Graph, k: int, machine, options: SearchOptions, dtypes,
             shapes) -> Candidate | None:
     """Data parallelism across the machine's device groups among its first ``k`` devices,
-    Tofu inside each, simulated as a :class:`Candidate`; None where they are not two or more whole groups or the batch does not split
-    over them."""
+    Tofu inside each, simulated as a :class:`Candidate`; None where they are not two or
+    more whole groups or the batch does not split over them."""
     from tofu_mx import sim
     size = machine.group_size
     data = graph.variables("data")

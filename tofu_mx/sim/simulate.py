@@ -133,6 +133,16 @@ def _check_machine(machine) -> None:
                                    f"tofu_mx.sim.machine('8xV100-16GB-PCIe')")
 
 
+def _first_devices(machine, num_devices) -> int:
+    """``num_devices``, checked: a count no larger than the machine's."""
+    _check_machine(machine)
+    k = arguments.count(num_devices, "num_devices", example="num_devices=8")
+    if k > machine.num_devices:
+        raise InvalidArgumentError(f"machine {machine.name!r} has {machine.num_devices} "
+                                   f"device(s), fewer than num_devices={k}")
+    return k
+
+
 def _ideal(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
     graph = import_graph(symbol, dtypes=dtypes, **shapes)
     peak = peak_memory(graph, lambda i: 0, 1, options.optimizer_state)
@@ -155,11 +165,7 @@ def data_parallel_step(symbol: mx.sym.Symbol, machine: Machine, num_devices: int
     """``simulate(symbol, machine, "data_parallel", ...)`` on the machine's first
     ``num_devices`` devices (the batch split over them, the ring all-reduce through them):
     what :func:`tofu_mx.partition` with ``machine=`` weighs its plans against."""
-    _check_machine(machine)
-    k = arguments.count(num_devices, "num_devices", example="num_devices=8")
-    if k > machine.num_devices:
-        raise InvalidArgumentError(f"machine {machine.name!r} has {machine.num_devices} "
-                                   f"device(s), fewer than num_devices={k}")
+    k = _first_devices(machine, num_devices)
     return _data_parallel(symbol, machine, "data_parallel", SearchOptions.of(options), dtypes,
                           shapes, k)
 
@@ -242,11 +248,7 @@ def hybrid_step(symbol: mx.sym.Symbol, machine: Machine, num_devices: int, *,
     """``simulate(symbol, machine, "hybrid", ...)`` on the machine's first ``num_devices``
     devices (whole groups of ``machine.group_size``): data parallelism across their groups,
     Tofu inside each, as :func:`tofu_mx.partition` with ``machine=`` weighs it."""
-    _check_machine(machine)
-    k = arguments.count(num_devices, "num_devices", example="num_devices=8")
-    if k > machine.num_devices:
-        raise InvalidArgumentError(f"machine {machine.name!r} has {machine.num_devices} "
-                                   f"device(s), fewer than num_devices={k}")
+    k = _first_devices(machine, num_devices)
     return _hybrid_on(symbol, machine, k, "hybrid", SearchOptions.of(options), dtypes, shapes)
 
 
