@@ -261,12 +261,11 @@ def _hybrid_on(symbol, machine: Machine, k: int, strategy, options, dtypes, shap
         return SimResult(strategy, machine.name, False, math.inf, 0.0, (0,) * k,
                          f"{k} device(s) of {machine.name!r} are not two or more whole "
                          f"groups of {size}: nothing to be data parallel across")
-    split = {n.name for n in whole.variables() if n.kind in ("data", "label")}
-    if not split or any(shapes[name][0] < groups for name in split):
+    batch = [v.outputs[0].shape for v in _batched(whole)]
+    if not batch or any(not shape or shape[0] < groups for shape in batch):
         return SimResult(strategy, machine.name, False, math.inf, 0.0, (0,) * k,
                          f"no batch of {groups} or more samples to split over {groups} groups")
-    share = {name: (-(-shape[0] // groups),) + tuple(shape[1:]) if name in split else shape
-             for name, shape in shapes.items()}
+    share = _batch_share(whole, shapes, groups)
     group = dataclasses.replace(machine, name=f"{machine.name}, one group of {size}",
                                 num_devices=size, host_shared=math.gcd(machine.host_shared, size))
     inner = _tofu(symbol, group, "tofu-machine", options, dtypes, share)
@@ -307,15 +306,25 @@ def _replica(symbol, machine: Machine, options, dtypes, shapes, k: int):
     """The whole graph, one device's replica on its share of the batch (over the machine's
     first ``k`` devices), the replica's step (without the all-reduce) and its peak."""
     whole = import_graph(symbol, dtypes=dtypes, **shapes)
-    split = {n.name for n in whole.variables() if n.kind in ("data", "label")}
-    share = {name: (-(-shape[0] // k),) + tuple(shape[1:]) if name in split else shape
-             for name, shape in shapes.items()}
-    one = import_graph(symbol, dtypes=dtypes, **share)
+    one = import_graph(symbol, dtypes=dtypes, **_batch_share(whole, shapes, k))
     peak = peak_memory(one, lambda i: 0, 1, options.optimizer_state)[0]
     step = _step_time(one, lambda i: 0, machine)
     if machine.shared_compute:      # the k replicas take turns on the one processor
         step = _Step(step.seconds * k, step.busiest_device * k, step.busiest_link)
     return whole, one, step, peak
+
+
+def _batched(whole: Graph) -> list:
+    """The graph's data and label inputs: what a replica takes a share of."""
+    return [n for n in whole.variables() if n.kind in ("data", "label")]
+
+
+def _batch_share(whole: Graph, shapes, parts: int) -> dict:
+    """The input ``shapes`` of one of ``parts`` shares of the batch: the first axis of every
+    data and label input given, divided rounding up (the others as given)."""
+    split = {n.name for n in _batched(whole)}
+    return {name: (-(-shape[0] // parts),) + tuple(shape[1:]) if name in split else shape
+            for name, shape in shapes.items()}
 
 
 def _working_set(graph: Graph, optimizer_state: float) -> int:

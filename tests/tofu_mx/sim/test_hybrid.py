@@ -80,3 +80,11 @@ def test_not_run_on_one_group_or_without_a_batch_for_every_group():
         sim.hybrid_step(sym, machine, 8, **SHAPES)
     three = sim.hybrid_step(sym, machine, 3, **SHAPES)       # not whole groups
     assert not three.fits and "3 device(s)" in three.note
+
+
+def test_a_label_shape_left_to_inference_is_split_too():
+    """Only the data's shape given (the label's inferred): the same step as with both (was a
+    KeyError for the label)."""
+    sym, machine = three_layers(), two_pairs(True)
+    both = sim.simulate(sym, machine, "hybrid", **SHAPES)
+    assert sim.simulate(sym, machine, "hybrid", data=SHAPES["data"]) == both
