@@ -694,12 +694,18 @@ def _data_parallel(symbol, graph: Graph, k: int, machine, options: SearchOptions
     :class:`Candidate`; None where ``graph`` has no data input whose batch splits ``k``
     ways."""
     from tofu_mx import sim
-    data = graph.variables("data")
-    if not data or any(not v.outputs[0].shape or v.outputs[0].shape[0] < k for v in data):
+    if not _batch_splits(graph, k):
         return None
     result = sim.data_parallel_step(symbol, machine, k, options=options, dtypes=dtypes,
                                     **shapes)
     return Candidate(DATA_PARALLEL, result.step_time, max(result.peak_memory), result.fits)
+
+
+def _batch_splits(graph: Graph, parts: int) -> bool:
+    """``graph`` has a data input, and every one has a batch of ``parts`` or more."""
+    data = graph.variables("data")
+    return bool(data) and all(v.outputs[0].shape and v.outputs[0].shape[0] >= parts
+                              for v in data)
 
 
 def _hybrid(symbol, graph: Graph, k: int, machine, options: SearchOptions, dtypes,
@@ -709,9 +715,7 @@ def _hybrid(symbol, graph: Graph, k: int, machine, options: SearchOptions, dtype
     more whole groups or the batch does not split over them."""
     from tofu_mx import sim
     size = machine.group_size
-    data = graph.variables("data")
-    if k % size or k // size < 2 or not data or any(
-            not v.outputs[0].shape or v.outputs[0].shape[0] < k // size for v in data):
+    if k % size or k // size < 2 or not _batch_splits(graph, k // size):
         return None
     result = sim.hybrid_step(symbol, machine, k, options=options, dtypes=dtypes, **shapes)
     return Candidate(HYBRID.format(groups=k // size, size=size), result.step_time,
