@@ -130,15 +130,9 @@ def counts(rows) -> list[str]:
     out = []
     for label, pick in (("tofu, machine=", lambda r: BY_TIME),
                         ("the best of machine= and hybrid", _best_tofu)):
-        ratios = []
-        for _, _, results, _ in rows:
-            if BY_TIME not in results or HYBRID not in results:
-                continue
-            mine = results[pick(results)]
-            if not mine.fits:
-                continue
-            fitting = [results[s].throughput for s in ALTERNATIVES if results[s].fits]
-            ratios.append(mine.throughput / max(fitting) if fitting else math.inf)
+        ratios = [_ratio(results, pick(results)) for _, _, results, _ in rows
+                  if BY_TIME in results and HYBRID in results]
+        ratios = [x for x in ratios if x is not None]
         out.append(f"- {label}: at least 1.0x the best alternative on "
                    f"{sum(x >= 1.0 for x in ratios)} of {len(ratios)} configurations where "
                    f"it fits, 1.25x or more on {sum(x >= 1.25 for x in ratios)}.")
@@ -151,13 +145,19 @@ def _kept(note: str) -> str:
     return f"{how}, once per group" if "sent to the group once" in note else how
 
 
-def _versus(results, strategy: str = "tofu") -> str:
+def _ratio(results, strategy: str) -> float | None:
+    """``strategy``'s throughput over the best fitting alternative's: None where it does not
+    fit, infinite where only it does."""
     fitting = [results[s].throughput for s in ALTERNATIVES if results[s].fits]
     if not results[strategy].fits:
-        return "tofu does not fit"
-    if not fitting:
-        return "only tofu fits"
-    return f"{results[strategy].throughput / max(fitting):.2f}x"
+        return None
+    return results[strategy].throughput / max(fitting) if fitting else math.inf
+
+
+def _versus(results, strategy: str = "tofu") -> str:
+    ratio = _ratio(results, strategy)
+    return "tofu does not fit" if ratio is None else "only tofu fits" if ratio == math.inf \
+        else f"{ratio:.2f}x"
 
 
 def memory_table(rows, machine) -> list[str]:

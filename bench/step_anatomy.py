@@ -40,6 +40,7 @@ import tofu_mx  # noqa: E402,F401  (sets MXNet's environment before MXNet is imp
 import mxnet as mx  # noqa: E402
 
 from tofu_mx import sim  # noqa: E402
+from tofu_mx.runtime.partitioned import choose_by_step_time  # noqa: E402
 from tofu_mx.sim.schedule import finish_times, step_tasks  # noqa: E402
 from benchlib import table, write_out  # noqa: E402
 from paper import OPTIONS, sweep  # noqa: E402
@@ -53,7 +54,8 @@ def chosen(model, machine, levels: str | None):
     sym, shapes = model.build()
     ctx = [mx.cpu(i) for i in range(machine.num_devices)]
     if not levels:
-        ptd = tofu_mx.partition(sym, ctx, options=OPTIONS, machine=machine, **shapes)
+        ptd = choose_by_step_time(sym, ctx, machine, options=OPTIONS, compare=False,
+                                  **shapes)
         return ptd, ptd.machine_choice.chosen.label
     return hybrid(sym, shapes, ctx, machine, levels)
 
