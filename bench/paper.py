@@ -416,8 +416,9 @@ def report(rows, machine, elapsed: float) -> str:
         "the batch, each GPU's gradient shard all-reduced with its peer in the other switch "
         "over the host bridge as the backward pass completes it; `partition(machine=...)` "
         "reports it and warns where it is faster, but returns a partition of all the "
-        "devices: the hybrid runs as two workers (`horovodrun -np 2`, "
-        "`tofu_mx.gluon.Trainer(kvstore='horovod')`). Data parallelism's (and swapping's) "
+        "devices: the hybrid runs as `tofu_mx.gluon.partition(..., replicas=2)` (each "
+        "shard's gradient summed over the switches by MXNet's `device` kvstore; tested on "
+        "CPU devices, not on GPUs). Data parallelism's (and swapping's) "
         "all-reduce overlaps its backward pass the same way.", "",
         *counts(rows), "",
         "## Peak memory per device", "",

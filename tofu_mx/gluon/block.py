@@ -102,7 +102,7 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
               data: Shape | Sequence[Shape], label: Shape | None = None,
               loss: gluon.HybridBlock | None = None, dtype: Any = None, init: Any = None,
               memory_budget: Any = None, options: Any = None, strict: bool = False,
-              machine: Any = None) -> "PartitionedBlock":
+              machine: Any = None, replicas: int = 1) -> "PartitionedBlock":
     """Partition a Gluon ``HybridBlock`` over the devices ``ctx`` for one batch shape.
 
     - ``data``: the input's shape, or a list of shapes for a block with several inputs
@@ -119,6 +119,17 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
       (``machine``: the plan chosen by simulated step time on it). The budget
       counts the optimizer state ``options.optimizer_state`` says the trainer will keep
       (bytes per parameter byte: ``SearchOptions(optimizer_state=2)`` for Adam).
+    - ``replicas``: data parallelism across ``replicas`` groups of devices, Tofu inside each
+      (the hybrid ``partition(machine=...)`` weighs). ``ctx`` is cut into that many groups
+      of consecutive devices; the block is partitioned over the first group for its share
+      of the batch (``data``'s first axis divided by ``replicas``), and each group runs that
+      partition on its own devices and its own rows of the batch, with its own copy of the
+      parameter shards. :class:`tofu_mx.gluon.Trainer` sums each shard's gradient over the
+      groups (MXNet's ``device`` kvstore) before every group applies the same update, so
+      the copies stay equal. As in Gluon's data parallelism, BatchNorm then normalises each
+      group's rows by their own statistics (not the whole batch's), and each group updates
+      its own moving statistics (the first group's are saved). Every output must have the
+      batch as its first axis (per-sample losses): the groups' outputs are joined along it.
 
     Returns a :class:`PartitionedBlock`. ``block`` is not modified.
     """
@@ -138,11 +149,53 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
     shape_of = dict(zip(names, shapes))
     if label is not None:
         shape_of["label"] = tuple(label)
-    ptd = partition_symbol(symbol, contexts, memory_budget=memory_budget, options=options,
+    replicas = arguments.count(replicas, "replicas", example="replicas=2")
+    share = _replica_shapes(symbol, contexts, replicas, shape_of)
+    ptd = partition_symbol(symbol, contexts[:len(contexts) // replicas],
+                           memory_budget=memory_budget, options=options,
                            dtypes={n: dtype for n in shape_of}, strict=strict,
-                           machine=machine, **shape_of)
+                           machine=machine, **share)
     return PartitionedBlock(block, ptd, names, "label" if label is not None else None,
-                            params, init)
+                            params, init, contexts)
+
+
+def _replica_shapes(symbol: mx.sym.Symbol, contexts: Sequence[mx.Context], replicas: int,
+                    shape_of: dict[str, Shape]) -> dict[str, Shape]:
+    """Each input's shape for one of ``replicas`` groups of ``contexts`` (its batch, the
+    first axis, divided among them), checked: the devices and every batch divide evenly,
+    and every output has the batch as its first axis (so the groups' outputs join)."""
+    if replicas == 1:
+        return shape_of
+    k = len(contexts)
+    if k % replicas or k == replicas:
+        raise InvalidArgumentError(
+            f"replicas={replicas} must divide the {k} devices of ctx into groups of two or "
+            f"more (each group partitions the block); e.g. replicas=2 with 4 or 8 devices, or "
+            f"replicas=1 to partition over all of them")
+    uneven = {n: s for n, s in shape_of.items() if s[0] % replicas}
+    if uneven:
+        raise InvalidArgumentError(
+            f"replicas={replicas} divides the batch (the first axis) among the groups, but "
+            f"{', '.join(f'{n} {s}' for n, s in uneven.items())} does not divide by "
+            f"{replicas}; use a batch that does")
+    share = {n: (s[0] // replicas,) + s[1:] for n, s in shape_of.items()}
+    try:
+        _, whole, _ = symbol.infer_shape(**shape_of)
+        _, parts, _ = symbol.infer_shape(**share)
+    except mx.base.MXNetError:      # partitioning says what is wrong with the shapes
+        return share
+    if whole is None or parts is None:
+        return share
+    batch = next(iter(shape_of.values()))[0]
+    wrong = [f"{name} {w}" for name, w, p in zip(symbol.list_outputs(), whole, parts)
+             if not w or not p or w[0] != p[0] * replicas or w[1:] != p[1:]
+             or w[0] != batch]
+    if wrong:
+        raise InvalidArgumentError(
+            f"replicas={replicas} joins the groups' outputs along the batch, but the "
+            f"output(s) {', '.join(wrong)} do not have the batch ({batch}) as their first "
+            f"axis; return per-sample outputs (Gluon losses do), or use replicas=1")
+    return share
 
 
 def _data_shapes(data) -> list[Shape]:
@@ -230,12 +283,21 @@ class PartitionedBlock(gluon.Block):
       block's structural names, the file ``block.save_parameters`` writes and
       ``block.load_parameters`` reads, at any device count.
 
-    Each call must have the batch shape it was partitioned for.
+    Each call must have the batch shape it was partitioned for. Made with ``replicas=``,
+    :attr:`partitioned` is the first group's partition (its share of the batch), and
+    :attr:`contexts` every device; each group runs its own copy.
     """
 
-    def __init__(self, block, ptd: PartitionedSymbol, data_names, label_name, params, init):
+    def __init__(self, block, ptd: PartitionedSymbol, data_names, label_name, params, init,
+                 contexts: Sequence[mx.Context] | None = None):
         super().__init__(prefix=block.prefix + "tofu_")
         self.partitioned = ptd
+        #: every device, the groups' one after another (``partitioned.contexts`` first)
+        self.contexts = list(contexts) if contexts is not None else list(ptd.contexts)
+        size = len(ptd.contexts)
+        #: each group's partition: the same plan on its own devices
+        self.replicas = [ptd] + [ptd.placed_on(self.contexts[g * size:(g + 1) * size])
+                                 for g in range(1, len(self.contexts) // size)]
         # the user's block, kept but not a child: hybridize(), cast(), collect_params() and
         # initialize() of this block never reach (or change) it
         object.__setattr__(self, "source", block)
@@ -247,8 +309,10 @@ class PartitionedBlock(gluon.Block):
             by_source.setdefault(s.source, []).append(s)
         self._shards_of = by_source
         with no_subgraph_backend():     # MKLDNN's fusion passes can drop ctx groups
-            self._exe = ptd.simple_bind(grad_req={n: _grad_req(p) for n, p in params.items()})
-        self._arrays = {**self._exe.arg_dict, **self._exe.aux_dict}   # shard name -> array
+            self._exes = [r.simple_bind(grad_req={n: _grad_req(p) for n, p in params.items()})
+                          for r in self.replicas]
+        # each group's shard name -> array
+        self._arrays = [{**e.arg_dict, **e.aux_dict} for e in self._exes]
         self._fresh = False
         self._recorded = False       # a recorded call whose backward pass has not run
         self._anchor = mx.nd.zeros((1,), ctx=ptd.contexts[0])
@@ -258,18 +322,23 @@ class PartitionedBlock(gluon.Block):
     # --- parameters ------------------------------------------------------------------------
     @property
     def executor(self) -> mx.executor.Executor:
-        return self._exe
+        """The (first group's) executor."""
+        return self._exes[0]
 
-    def shard_arrays(self, kinds: Sequence[str] = ("param", "aux")
+    def shard_arrays(self, kinds: Sequence[str] = ("param", "aux"), replica: int = 0
                      ) -> list[tuple[Any, mx.nd.NDArray, mx.nd.NDArray | None]]:
-        """``(VarShard, value, gradient or None)`` of every shard of the given kinds."""
+        """``(VarShard, value, gradient or None)`` of every shard of the given kinds, in
+        group ``replica``'s copy (made with ``replicas=``; the first by default)."""
+        replica = arguments.count(replica, "replica", minimum=0,
+                                  maximum=len(self.replicas) - 1, example="replica=0")
         if isinstance(kinds, str) or not isinstance(kinds, Sequence) or \
                 not all(isinstance(k, str) and k in VARIABLE_KINDS for k in kinds):
             raise InvalidArgumentError(f"kinds must be a list of variable kinds, some of "
                                        f"{', '.join(VARIABLE_KINDS)}; got {show(kinds)}, e.g. "
                                        f"kinds=('param',)")
-        return [(s, self._arrays[s.name], self._exe.grad_dict.get(s.name))
-                for s in self.partitioned.shards if s.kind in kinds]
+        arrays, grads = self._arrays[replica], self._exes[replica].grad_dict
+        return [(s, arrays[s.name], grads.get(s.name)) for s in self.partitioned.shards
+                if s.kind in kinds]
 
     def _fill(self, init) -> None:
         names_args, names_aux = self.partitioned.param_names()
@@ -289,13 +358,18 @@ class PartitionedBlock(gluon.Block):
                 p_init = p.init if p.init is not None else default_init
             whole = self.partitioned.graph.node(name).outputs[0].shape
             for s in self._shards_of[name]:
-                initialize_shard(p_init, default_init, name, self._arrays[s.name], whole, s.box)
+                first = self._arrays[0][s.name]
+                initialize_shard(p_init, default_init, name, first, whole, s.box)
+                for arrays in self._arrays[1:]:     # every group starts from the same values
+                    first.copyto(arrays[s.name])
         self._write(copied)
 
     def _write(self, values) -> None:
-        """Whole parameters and aux states (NumPy, by Parameter.name) into their shards."""
+        """Whole parameters and aux states (NumPy, by Parameter.name) into their shards, in
+        every group."""
         for name, part in self.partitioned.split_arrays(values, ("param", "aux")).items():
-            self._arrays[name][:] = part
+            for arrays in self._arrays:
+                arrays[name][:] = part
 
     def structural_names(self) -> dict[str, str]:
         """The block's structural parameter names (``features.0.weight``, what
@@ -311,7 +385,7 @@ class PartitionedBlock(gluon.Block):
     def collect_params(self, select: str | None = None):
         """Refused: the parameters are shards on several devices, not Gluon Parameters."""
         raise InvalidArgumentError(
-            f"a PartitionedBlock's parameters are shards on {len(self.partitioned.contexts)} "
+            f"a PartitionedBlock's parameters are shards on {len(self.contexts)} "
             f"devices, not Gluon Parameters: train with tofu_mx.gluon.Trainer(pnet, optimizer, "
             f"...), save with pnet.save_parameters(path) (whole arrays, what "
             f"{self.source.name}.load_parameters reads), read shards with pnet.shard_arrays()")
@@ -329,10 +403,11 @@ class PartitionedBlock(gluon.Block):
     def export_parameters(self, path: str) -> None:
         """Write every parameter and auxiliary state, whole, under the block's structural
         names: ``block.load_parameters(path)`` reads it (as ``block.save_parameters`` wrote
-        it), at any device count. The file is written atomically."""
+        it), at any device count. The file is written atomically. With ``replicas=``, the
+        first group's (the groups' parameters are equal; their moving statistics not)."""
         path = check_writable(path, "the parameter file")
         mx.nd.waitall()     # a pending autograd backward pass (see _set_inputs)
-        wholes = self.partitioned.merge_arrays(self._arrays, ("param", "aux"))
+        wholes = self.partitioned.merge_arrays(self._arrays[0], ("param", "aux"))
         blob = {}
         for key, name in self.structural_names().items():
             if name in wholes:
@@ -397,6 +472,7 @@ class PartitionedBlock(gluon.Block):
             if not isinstance(array, mx.nd.NDArray):    # NumPy, a list; not str, None
                 array = arguments.numeric_array(array, name)
             want = graph.node(name).outputs[0].shape
+            want = (want[0] * len(self.replicas),) + want[1:]     # every group's rows
             if tuple(array.shape) != want:
                 raise InvalidArgumentError(
                     f"{name} has shape {tuple(array.shape)}, the block was partitioned for "
@@ -406,7 +482,8 @@ class PartitionedBlock(gluon.Block):
         return checked
 
     def _set_inputs(self, arrays: Sequence[Any]) -> None:
-        """Check every input, then write them all into their shards."""
+        """Check every input, then write them all into their shards (each group's its rows
+        of the batch)."""
         checked = self._check_inputs(arrays)
         names = self.data_names + ([self.label_name] if self.label_name else [])
         # A backward pass started by autograd (loss.backward()) runs _Run.backward on one of
@@ -415,32 +492,45 @@ class PartitionedBlock(gluon.Block):
         # with two autograd steps back to back).
         mx.nd.waitall()
         for name, array in zip(names, checked):
-            for s in self._shards_of[name]:
-                part = array[s.slices]
-                if isinstance(part, mx.nd.NDArray):
-                    part.copyto(self._arrays[s.name])
-                else:
-                    self._arrays[s.name][:] = np.asarray(part)
+            rows = array.shape[0] // len(self.replicas)
+            for g, arrays in enumerate(self._arrays):
+                mine = array[g * rows:(g + 1) * rows] if len(self.replicas) > 1 else array
+                for s in self._shards_of[name]:
+                    part = mine[s.slices]
+                    if isinstance(part, mx.nd.NDArray):
+                        part.copyto(arrays[s.name])
+                    else:
+                        arrays[s.name][:] = np.asarray(part)
+
+    def _outputs(self) -> list[mx.nd.NDArray]:
+        """Copies of the outputs, each group's joined along the batch (on the first
+        group's output device)."""
+        if len(self._exes) == 1:
+            return [o.copy() for o in self._exes[0].outputs]
+        return [mx.nd.concat(*[o.as_in_context(parts[0].context) for o in parts], dim=0)
+                for parts in zip(*(e.outputs for e in self._exes))]
 
     def step(self, *arrays) -> mx.nd.NDArray:
         """Forward and backward once (training mode) with head gradients of 1; returns the
         outputs (the per-sample losses with a loss block)."""
         self._set_inputs(arrays)
         self._recorded = False
-        self._exe.forward(is_train=True)
-        self._exe.backward(out_grads=[mx.nd.ones(o.shape, ctx=o.context, dtype=o.dtype)
-                                      for o in self._exe.outputs])
+        for exe in self._exes:      # queued in MXNet's engine: the groups run side by side
+            exe.forward(is_train=True)
+            exe.backward(out_grads=[mx.nd.ones(o.shape, ctx=o.context, dtype=o.dtype)
+                                    for o in exe.outputs])
         self._fresh = True
-        outs = [o.copy() for o in self._exe.outputs]
+        outs = self._outputs()
         return outs[0] if len(outs) == 1 else outs
 
     def zero_grad(self) -> None:
         """Set every shard's gradient to zero (``Parameter.zero_grad``): with
         ``grad_req='add'`` gradients are summed over backward passes until then."""
         mx.nd.waitall()     # a pending autograd backward pass (see _set_inputs)
-        for name, grad in self._exe.grad_dict.items():
-            if grad is not None:
-                grad[:] = 0
+        for exe in self._exes:
+            for grad in exe.grad_dict.values():
+                if grad is not None:
+                    grad[:] = 0
 
     def forward(self, *arrays):
         if autograd.is_recording():
@@ -461,8 +551,9 @@ class PartitionedBlock(gluon.Block):
                 mx.nd.array(a, ctx=self._anchor.context, dtype=a.dtype) for a in checked])
         self._set_inputs(arrays)
         self._recorded = False      # the executor's state is this call's now
-        self._exe.forward(is_train=autograd.is_training())
-        outs = [o.copy() for o in self._exe.outputs]
+        for exe in self._exes:
+            exe.forward(is_train=autograd.is_training())
+        outs = self._outputs()
         return outs[0] if len(outs) == 1 else outs
 
     # --- reports ---------------------------------------------------------------------------
@@ -470,7 +561,8 @@ class PartitionedBlock(gluon.Block):
                           ) -> list[DeviceMemory]:
         """:meth:`PartitionedSymbol.memory_per_device`, with the optimizer state each device
         holds (``optimizer_bytes``; a :class:`~tofu_mx.gluon.Trainer` fills it in)."""
-        rows = self.partitioned.memory_per_device()
+        rows = [dataclasses.replace(m, device=str(c)) for r in self.replicas
+                for m, c in zip(r.memory_per_device(), r.contexts)]
         if optimizer_bytes is None:
             return rows
         if isinstance(optimizer_bytes, str) or not isinstance(optimizer_bytes, Sequence) or \
@@ -486,24 +578,24 @@ class PartitionedBlock(gluon.Block):
     def bytes_per_device(self) -> list[dict[str, int]]:
         """Bytes of the arrays bound on each device, by role (parameters, gradients,
         aux states, inputs), read off the executor's arrays themselves."""
-        contexts = self.partitioned.contexts
-        rows = [dict(weights=0, gradients=0, aux=0, inputs=0) for _ in contexts]
-        index = {c: i for i, c in enumerate(contexts)}
-        exe = self._exe
-        for s in self.partitioned.shards:
-            array = self._arrays[s.name]
-            d = index[array.context]
-            size = int(np.prod(array.shape)) * np.dtype(array.dtype).itemsize
-            key = {"param": "weights", "aux": "aux"}.get(s.kind, "inputs")
-            rows[d][key] += size
-            grad = exe.grad_dict.get(s.name)
-            if grad is not None:
-                rows[index[grad.context]]["gradients"] += size
+        rows = [dict(weights=0, gradients=0, aux=0, inputs=0) for _ in self.contexts]
+        index = {c: i for i, c in enumerate(self.contexts)}
+        for exe, arrays in zip(self._exes, self._arrays):
+            for s in self.partitioned.shards:
+                array = arrays[s.name]
+                size = int(np.prod(array.shape)) * np.dtype(array.dtype).itemsize
+                key = {"param": "weights", "aux": "aux"}.get(s.kind, "inputs")
+                rows[index[array.context]][key] += size
+                grad = exe.grad_dict.get(s.name)
+                if grad is not None:
+                    rows[index[grad.context]]["gradients"] += size
         return rows
 
     def __repr__(self) -> str:
-        return (f"PartitionedBlock({self.source.name} over {len(self.partitioned.contexts)} "
-                f"devices, {len(self._shards_of)} variables)")
+        groups = f" in {len(self.replicas)} data-parallel groups" if len(self.replicas) > 1 \
+            else ""
+        return (f"PartitionedBlock({self.source.name} over {len(self.contexts)} "
+                f"devices{groups}, {len(self._shards_of)} variables)")
 
 
 def _grad_req(p: gluon.Parameter) -> str:
@@ -523,14 +615,18 @@ class _Run(autograd.Function):
     def forward(self, anchor, *arrays):
         self.block._set_inputs(arrays)
         self.shapes = [(a.shape, a.context, a.dtype) for a in (anchor, *arrays)]
-        self.block._exe.forward(is_train=autograd.is_training())
+        for exe in self.block._exes:
+            exe.forward(is_train=autograd.is_training())
         self.block._recorded = True
-        outs = [o.copy() for o in self.block._exe.outputs]
+        outs = self.block._outputs()
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def backward(self, *head_grads):
-        exe = self.block._exe
-        exe.backward(out_grads=[g.as_in_context(o.context) for g, o in zip(head_grads, exe.outputs)])
+        exes = self.block._exes
+        for g, exe in enumerate(exes):      # each group its rows of the head gradients
+            exe.backward(out_grads=[
+                (h[g * o.shape[0]:(g + 1) * o.shape[0]] if len(exes) > 1 else h)
+                .as_in_context(o.context) for h, o in zip(head_grads, exe.outputs)])
         self.block._fresh = True
         self.block._recorded = False
         # the anchor and the inputs (data, labels) get no gradient

@@ -12,6 +12,11 @@ the workers as its own key, then each worker updates its shards locally. As in G
 ``step(batch_size)`` divides the summed gradient by ``batch_size``: pass the batch of all
 workers together for the update one process would make on that whole batch.
 
+A block made with ``replicas=`` (data parallel across groups of devices, Tofu inside each)
+keeps a copy of every shard in each group: each shard's gradient is summed over the groups
+through MXNet's ``device`` kvstore (queued behind the backward pass, as above), then every
+group applies the same update to its copy, with its own optimizer state.
+
 ``save_states`` writes the file ``gluon.Trainer.save_states`` writes for the unpartitioned
 block (states whole, keyed by the parameter's index in ``sorted(block.collect_params())``, as
 ``gluon.Trainer`` numbers them), so it
@@ -54,12 +59,16 @@ class Trainer:
                 f"{type(block).__name__}; for an unpartitioned block use gluon.Trainer")
         self.block = block
         param_shards = block.shard_arrays(("param",))
-        self._shards = [(s, w, g) for s, w, g in param_shards if g is not None]
+        #: each group's (VarShard, weight, gradient) of the shards updated, alike in order;
+        #: the optimizer's index of group g's i-th is g * len(self._shards) + i
+        self._copies = [[(s, w, g) for s, w, g in block.shard_arrays(("param",), r)
+                         if g is not None] for r in range(len(block.replicas))]
+        self._shards = self._copies[0]
         # gluon.Trainer(block.collect_params()) numbers the parameters in sorted key order
         params = block.source.collect_params()
         self._param_index = {params[key].name: i for i, key in enumerate(sorted(params.keys()))}
         param_dict = {i: block._params_by_name[s.source] for i, (s, _, _) in
-                      enumerate(self._shards)}
+                      enumerate(self._updated())}
         if isinstance(optimizer, mx.optimizer.Optimizer):
             if optimizer_params is not None and (not isinstance(optimizer_params, Mapping)
                                                  or optimizer_params):
@@ -74,12 +83,24 @@ class Trainer:
         self._scale = self._optimizer.rescale_grad
         self._updater = mx.optimizer.get_updater(self._optimizer)
         # every shard's state now, on the shard's device: memory_per_device counts it
-        for i, (_, w, _) in enumerate(self._shards):
+        for i, (_, w, _) in enumerate(self._updated()):
             self._updater.states[i] = self._optimizer.create_state_multi_precision(i, w)
             self._updater.states_synced[i] = True
         self._by_device: dict[Any, list[int]] = {}
-        for i, (_, w, _) in enumerate(self._shards):
+        for i, (_, w, _) in enumerate(self._updated()):
             self._by_device.setdefault(w.context, []).append(i)
+        # the groups' gradients of one shard are summed as one key of a device kvstore
+        self._groups = None
+        if len(self._copies) > 1:
+            if kvstore is not None and kvstore not in ("local", "device"):
+                raise InvalidArgumentError(
+                    f"a block partitioned with replicas={len(self._copies)} sums its groups' "
+                    f"gradients in this process; several workers on top of that (kvstore="
+                    f"{kvstore!r}) are not supported yet: run one worker per group instead "
+                    f"(replicas=1, each worker partitioning over its group's devices)")
+            self._groups = mx.kv.create("device")
+            for i, (_, w, _) in enumerate(self._shards):
+                self._groups.init(i, mx.nd.zeros(w.shape, dtype=w.dtype))
         # last: the other workers wait for this one from here on
         self._collective = distributed.connect(kvstore)
         if self._collective is not None:
@@ -163,16 +184,26 @@ class Trainer:
                 "before trainer.step (or pass ignore_stale_grad=True)")
         if self._collective is not None:
             self._collective.all_reduce(self._keys, [g for _, _, g in self._shards])
+        if self._groups is not None:    # each shard's gradient summed over the groups
+            keys = list(range(len(self._shards)))
+            grads = [[copy[i][2] for copy in self._copies] for i in keys]
+            self._groups.push(keys, grads, priority=0)
+            self._groups.pull(keys, out=grads, priority=0)
         self._optimizer.rescale_grad = self._scale / batch_size
+        updated = self._updated()
         for ctx, indices in self._by_device.items():
-            self._updater(list(indices), [self._shards[i][2] for i in indices],
-                          [self._shards[i][1] for i in indices])
+            self._updater(list(indices), [updated[i][2] for i in indices],
+                          [updated[i][1] for i in indices])
         self.block._fresh = False
+
+    def _updated(self) -> list[tuple[Any, mx.nd.NDArray, mx.nd.NDArray]]:
+        """Every group's shards updated, by the optimizer's index."""
+        return [shard for copy in self._copies for shard in copy]
 
     # --- memory ----------------------------------------------------------------------------
     def state_bytes_per_device(self) -> list[int]:
         """Bytes of optimizer state each device holds."""
-        contexts = self.block.partitioned.contexts
+        contexts = self.block.contexts
         index = {c: i for i, c in enumerate(contexts)}
         out = [0] * len(contexts)
         for state in self._updater.states.values():
@@ -199,7 +230,8 @@ class Trainer:
         counts = {}
         for table in self._optimizer._all_index_update_counts.values():
             for i, n in table.items():
-                counts[self._param_index[self._shards[i][0].source]] = n
+                if i < len(self._shards):       # the groups' copies are counted alike
+                    counts[self._param_index[self._shards[i][0].source]] = n
         opt._all_index_update_counts = {0: counts}
         opt._index_update_count = counts
         opt.param_dict = {}
@@ -212,7 +244,7 @@ class Trainer:
         it does not fit (:class:`tofu_mx.CheckpointError`)."""
         states, opt = self._read_states(path)
         new_states = {i: self._split(states[self._param_index[s.source]], s, w)
-                      for i, (s, w, _) in enumerate(self._shards)}
+                      for i, (s, w, _) in enumerate(self._updated())}
         if opt is not None:
             opt = self._adopt(opt)
             self._optimizer = opt
@@ -280,7 +312,7 @@ class Trainer:
         # the Updater keeps one count table per device id (Optimizer._set_current_context);
         # shard indices are unique, so every device shares one table
         table = {i: counts[self._param_index[s.source]]
-                 for i, (s, _, _) in enumerate(self._shards)
+                 for i, (s, _, _) in enumerate(self._updated())
                  if self._param_index[s.source] in counts}
         opt._all_index_update_counts = {c.device_id: table for c in self._by_device}
         opt._all_index_update_counts.setdefault(0, table)

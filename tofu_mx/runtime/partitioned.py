@@ -2,6 +2,7 @@
 :class:`PartitionedSymbol` it returns (binding, parameters, checkpoints, memory)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import os
@@ -19,6 +20,7 @@ from nnvm_passes.placement import placed_group
 from nnvm_passes.emit import RewriteResult, emit
 from nnvm_passes.program import Program, VarShard, route
 from tofu_mx import arguments
+from tofu_mx.arguments import show
 from tofu_mx.devices import (check_available, check_contexts, group_name,
                              warn_if_mkldnn_across_cpus)
 from tofu_mx.errors import (CheckpointError, DataParallelFasterWarning,
@@ -80,8 +82,8 @@ class MachineChoice:
     #: the graph has no batch to split over the devices
     data_parallel: Candidate | None = None
     #: data parallelism across the machine's device groups that ctx spans, Tofu inside each
-    #: (:func:`tofu_mx.sim.hybrid_step`): not one partition (one worker per group runs it,
-    #: the shards' gradients summed by Horovod), so never chosen, but said where it would
+    #: (:func:`tofu_mx.sim.hybrid_step`): not one partition (``tofu_mx.gluon.partition``
+    #: with ``replicas=`` runs it), so never chosen here, but said where it would
     #: be faster; None where ctx is not two or more whole groups or has no batch to split
     hybrid: Candidate | None = None
 
@@ -144,13 +146,13 @@ DATA_PARALLEL_ADVICE = ("data parallelism is predicted faster on this machine, a
 
 #: how :attr:`MachineChoice.hybrid` is described (the number of groups, the devices in each)
 HYBRID = ("data parallelism across {groups} groups of {size} devices, Tofu inside each "
-          "(one worker per group, the shards' gradients summed by Horovod)")
+          "(tofu_mx.gluon.partition(..., replicas={groups}))")
 #: what :class:`MachineChoice` says where the hybrid is predicted faster
 HYBRID_ADVICE = ("data parallelism across the {groups} device groups, Tofu inside each, is "
-                 "predicted faster on this machine, and fits: run {groups} workers "
-                 "(horovodrun -np {groups}), each partitioning the model over one group's "
-                 "devices for its share of the batch, with "
-                 "tofu_mx.gluon.Trainer(kvstore='horovod')")
+                 "predicted faster on this machine, and fits: partition the Gluon block with "
+                 "tofu_mx.gluon.partition(..., ctx, machine=..., replicas={groups}) and train "
+                 "it with tofu_mx.gluon.Trainer (each group normalises BatchNorm over its own "
+                 "share of the batch, as Gluon's data parallelism does)")
 
 
 class PartitionedSymbol:
@@ -219,6 +221,21 @@ class PartitionedSymbol:
             self._write(exe, *self._pending)
             self._pending = None
         return exe
+
+    def placed_on(self, ctx: Sequence[mx.Context]) -> "PartitionedSymbol":
+        """The same partition on other devices, as many (``ctx[i]`` runs what
+        ``contexts[i]`` ran), unbound, with no parameters: the replicas of a hybrid
+        (:func:`tofu_mx.gluon.partition` with ``replicas=``). ``self`` is not changed."""
+        contexts = check_contexts(ctx)
+        if len(contexts) != len(self.contexts):
+            raise InvalidArgumentError(f"placed_on needs {len(self.contexts)} devices, as many "
+                                       f"as the partition's, got {len(contexts)}: "
+                                       f"{show(contexts)}")
+        other = copy.copy(self)
+        other.contexts = contexts
+        other.group2ctx = {group_name(i): c for i, c in enumerate(contexts)}
+        other.executor, other._pending = None, None
+        return other
 
     def check(self, batch: int | None = None, seed: int = 0):
         """Check this partition on a small copy of the model: the same graph at a small

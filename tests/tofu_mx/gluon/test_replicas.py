@@ -1,0 +1,215 @@
+"""tofu_mx.gluon.partition(..., replicas=G): data parallelism across G groups of devices,
+Tofu inside each. Judged in float64 against Gluon's own data parallelism over G devices
+(the same rows per group, BatchNorm over each group's rows), and on a net without
+BatchNorm against one device on the whole batch."""
+import pickle
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+from mxnet.gluon import nn
+
+import tofu_mx
+import tofu_mx.gluon as tg
+from tests.tofu_mx.gluon.test_gluon import B, LOSS, SIZE, assert_same_params, batch, devices, zoo_net
+
+
+def gluon_data_parallel(net, trainer, x, y, groups):
+    """One step of Gluon's data parallelism over ``groups`` contexts: the reference."""
+    ctx = net.collect_params().list_ctx()
+    xs, ys = (gluon.utils.split_and_load(a, ctx) for a in (x, y))
+    assert len(ctx) == groups
+    with autograd.record():
+        outs = [LOSS(net(a), b) for a, b in zip(xs, ys)]
+    for out in outs:
+        out.backward()
+    trainer.step(x.shape[0])
+    return np.concatenate([o.asnumpy() for o in outs])
+
+
+@pytest.mark.parametrize("k,groups", [(4, 2), (6, 3)])
+def test_zoo_net_trains_as_gluons_data_parallelism(k, groups, tmp_path):
+    """resnet18_v1 (BatchNorm in every block) in ``groups`` groups of k / groups devices,
+    stepping through pnet.step and through autograd in turn, SGD with momentum: losses,
+    parameters and the first group's moving statistics as Gluon's data parallelism over
+    ``groups`` contexts (whose saved values are its first context's)."""
+    ref, net = zoo_net(), zoo_net()
+    ref.collect_params().reset_ctx([mx.cpu(i) for i in range(groups)])
+    pnet = tg.partition(net, devices(k), loss=LOSS, data=(B * groups // 2, 3, SIZE, SIZE),
+                        label=(B * groups // 2,), replicas=groups)
+    assert len(pnet.replicas) == groups and pnet.contexts == devices(k)
+    assert pnet.partitioned.contexts == devices(k // groups)
+    assert [r.contexts for r in pnet.replicas] == [devices(k)[g * (k // groups):
+                                                               (g + 1) * (k // groups)]
+                                                     for g in range(groups)]
+    opts = {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}
+    trainer = tg.Trainer(pnet, "sgd", opts)
+    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", dict(opts))
+    for step in range(3):
+        x, y = (mx.nd.concat(*parts, dim=0) for parts in
+                zip(*(batch(10 * step + g) for g in range(groups // 2 + groups % 2))))
+        x, y = x[:B * groups // 2], y[:B * groups // 2]
+        if step == 1:
+            with autograd.record():
+                loss = pnet(x, y)
+            loss.backward()
+        else:
+            loss = pnet.step(x, y)
+        trainer.step(x.shape[0])
+        want = gluon_data_parallel(ref, ref_trainer, x, y, groups)
+        np.testing.assert_allclose(loss.asnumpy(), want, rtol=1e-7, atol=1e-10)
+    assert_same_params(pnet, ref, tmp_path)
+    # every group holds the same parameters; each its own moving statistics
+    for s, first, _ in pnet.shard_arrays(("param",)):
+        for g in range(1, groups):
+            mine = dict((t.name, v) for t, v, _ in pnet.shard_arrays(("param",), g))
+            np.testing.assert_array_equal(mine[s.name].asnumpy(), first.asnumpy())
+    moving = [{t.name: v.asnumpy() for t, v, _ in pnet.shard_arrays(("aux",), g)}
+              for g in range(groups)]
+    assert any(not np.array_equal(moving[0][n], moving[1][n]) for n in moving[0])
+
+
+def mlp():
+    net = nn.HybridSequential(prefix="mlp_")
+    with net.name_scope():
+        net.add(nn.Dense(64, activation="tanh", in_units=20), nn.Dense(48, activation="relu", in_units=64),
+                nn.Dense(10, in_units=48))
+    net.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
+    net.cast("float64")
+    return net
+
+
+def test_without_batchnorm_it_trains_as_one_device_on_the_whole_batch(tmp_path):
+    """No BatchNorm: the groups' summed gradients are the whole batch's, so Adam over 2
+    groups of 2 devices steps as one device does on the joined batch; and the states file
+    is Gluon's (one state per parameter), which loads back into every group."""
+    mx.random.seed(1)
+    ref, net = mlp(), mlp()
+    for p, q in zip(ref.collect_params().values(), net.collect_params().values()):
+        q.set_data(p.data())
+    pnet = tg.partition(net, devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2)
+    trainer = tg.Trainer(pnet, "adam", {"learning_rate": 0.01})
+    ref_trainer = gluon.Trainer(ref.collect_params(), "adam", {"learning_rate": 0.01})
+    rng = np.random.default_rng(0)
+    for step in range(3):
+        x = mx.nd.array(rng.standard_normal((12, 20)), dtype="float64")
+        y = mx.nd.array(rng.integers(0, 10, 12), dtype="float64")
+        loss = pnet.step(x, y)
+        trainer.step(12)
+        with autograd.record():
+            want = LOSS(ref(x), y)
+        want.backward()
+        ref_trainer.step(12)
+        np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-9, atol=1e-12)
+    assert_same_params(pnet, ref, tmp_path)
+    ours, theirs = str(tmp_path / "ours.states"), str(tmp_path / "theirs.states")
+    trainer.save_states(ours)
+    ref_trainer.save_states(theirs)
+    a, b = (pickle.loads(open(p, "rb").read()) for p in (ours, theirs))
+    assert sorted(a[0]) == sorted(b[0])
+    assert a[1]._index_update_count == b[1]._index_update_count
+    for i in b[0]:
+        for x_, y_ in zip(a[0][i], b[0][i]):
+            np.testing.assert_allclose(x_.asnumpy(), y_.asnumpy(), rtol=1e-9, atol=1e-15)
+    # Gluon's states into a fresh two-group trainer: it continues as the reference does
+    again = tg.partition(mlp(), devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2)
+    path = str(tmp_path / "model.params")
+    pnet.export_parameters(path)
+    again.load_parameters(path)
+    again_trainer = tg.Trainer(again, "adam", {"learning_rate": 0.01})
+    again_trainer.load_states(theirs)
+    x = mx.nd.array(rng.standard_normal((12, 20)), dtype="float64")
+    y = mx.nd.array(rng.integers(0, 10, 12), dtype="float64")
+    again.step(x, y)
+    again_trainer.step(12)
+    with autograd.record():
+        want = LOSS(ref(x), y)
+    want.backward()
+    ref_trainer.step(12)
+    assert_same_params(again, ref, tmp_path)
+
+
+def test_memory_and_arrays_count_every_group():
+    pnet = tg.partition(mlp(), devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2)
+    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    rows = pnet.memory_per_device()
+    assert [m.device for m in rows] == [str(c) for c in devices(4)]
+    assert [m.weights for m in rows[2:]] == [m.weights for m in rows[:2]]
+    held = pnet.bytes_per_device()
+    weights = sum(p.data().size for p in mlp().collect_params().values()) * 8
+    assert sum(r["weights"] for r in held[:2]) == sum(r["weights"] for r in held[2:]) == weights
+    assert sum(trainer.state_bytes_per_device()) == 2 * weights     # momentum in each group
+    assert "2 data-parallel groups" in repr(pnet)
+
+
+def test_bad_replicas_are_refused_with_what_to_do():
+    net = mlp()
+    for replicas, k, batch_, words in [(3, 4, 12, "divide the 4 devices"),
+                                       (4, 4, 12, "groups of two or more"),
+                                       (2, 4, 9, "does not divide by 2"),
+                                       (0, 4, 12, "at least 1"),
+                                       ("2", 4, 12, "must be an int")]:
+        with pytest.raises(tofu_mx.InvalidArgumentError, match=words):
+            tg.partition(net, devices(k), loss=LOSS, data=(batch_, 20), label=(batch_,),
+                         replicas=replicas)
+
+    class Total(gluon.HybridBlock):     # one value for the whole batch: cannot be joined
+        def hybrid_forward(self, F, x):
+            return F.sum(x, axis=0)
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="batch .12. as their first axis"):
+        tg.partition(Total(), devices(4), data=(12, 20), replicas=2)
+    pnet = tg.partition(net, devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2)
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="not supported yet"):
+        tg.Trainer(pnet, "sgd", kvstore="dist_sync")
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="partitioned for .12, 20."):
+        pnet.step(mx.nd.zeros((6, 20), dtype="float64"), mx.nd.zeros((6,), dtype="float64"))
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="replica must be between 0 and 1"):
+        pnet.shard_arrays(("param",), 2)
+
+
+def test_grad_req_add_and_frozen_parameters_in_groups(tmp_path):
+    """grad_req='add' over two micro-batches (zero_grad between steps) with the first
+    layer's weight frozen, in 2 groups of 2 devices: as one device on the whole batches."""
+    ref, net = mlp(), mlp()
+    for p, q in zip(ref.collect_params().values(), net.collect_params().values()):
+        q.set_data(p.data())
+    for n in (ref, net):
+        n.collect_params().setattr("grad_req", "add")
+        n[0].weight.grad_req = "null"
+    frozen = net[0].weight.data().asnumpy()
+    pnet = tg.partition(net, devices(4), loss=LOSS, data=(8, 20), label=(8,), replicas=2)
+    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1, "momentum": 0.5})
+    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd",
+                                {"learning_rate": 0.1, "momentum": 0.5})
+    rng = np.random.default_rng(3)
+    for step in range(3):
+        for micro in range(2):
+            x = mx.nd.array(rng.standard_normal((8, 20)), dtype="float64")
+            y = mx.nd.array(rng.integers(0, 10, 8), dtype="float64")
+            with autograd.record():
+                loss = pnet(x, y)
+            loss.backward()
+            with autograd.record():
+                want = LOSS(ref(x), y)
+            want.backward()
+            np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-9, atol=1e-12)
+        trainer.step(16)
+        ref_trainer.step(16)
+        pnet.zero_grad()
+        ref.collect_params().zero_grad()
+    assert_same_params(pnet, ref, tmp_path)
+    path = str(tmp_path / "after.params")
+    pnet.export_parameters(path)
+    np.testing.assert_array_equal(mx.nd.load(path)["0.weight"].asnumpy(), frozen)
+
+
+def test_machine_chooses_each_groups_plan():
+    """With machine=, the plan each group runs is chosen by simulated step time for one
+    group's devices and share of the batch."""
+    pnet = tg.partition(mlp(), devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2,
+                        machine="8xV100-16GB-PCIe")
+    choice = pnet.partitioned.machine_choice
+    assert choice is not None and choice.chosen in choice.candidates
+    assert pnet.replicas[1].machine_choice is choice
+    assert pnet.partitioned.graph.node("data").outputs[0].shape == (6, 20)
