@@ -417,7 +417,7 @@ def report(rows, machine, elapsed: float) -> str:
         "over the host bridge as the backward pass completes it; `partition(machine=...)` "
         "reports it and warns where it is faster, but returns a partition of all the "
         "devices: the hybrid runs as `tofu_mx.gluon.partition(..., replicas=2)` (each "
-        "shard's gradient summed over the switches by MXNet's `device` kvstore; tested on "
+        "shard's gradient summed between the devices holding it in each switch; tested on "
         "CPU devices, not on GPUs). Data parallelism's (and swapping's) "
         "all-reduce overlaps its backward pass the same way.", "",
         *counts(rows), "",

@@ -125,7 +125,7 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
       of the batch (``data``'s first axis divided by ``replicas``), and each group runs that
       partition on its own devices and its own rows of the batch, with its own copy of the
       parameter shards. :class:`tofu_mx.gluon.Trainer` sums each shard's gradient over the
-      groups (MXNet's ``device`` kvstore) before every group applies the same update, so
+      groups (each device with its peers) before every group applies the same update, so
       the copies stay equal. As in Gluon's data parallelism, BatchNorm then normalises each
       group's rows by their own statistics (not the whole batch's), and each group updates
       its own moving statistics (the first group's are saved). Every output must have the

@@ -14,8 +14,11 @@ workers together for the update one process would make on that whole batch.
 
 A block made with ``replicas=`` (data parallel across groups of devices, Tofu inside each)
 keeps a copy of every shard in each group: each shard's gradient is summed over the groups
-through MXNet's ``device`` kvstore (queued behind the backward pass, as above), then every
-group applies the same update to its copy, with its own optimizer state.
+(queued behind the backward pass, as above), then every group applies the same update to its
+copy, with its own optimizer state. The sum is reduced on one group's device and copied back
+to the others, the reducing group taking turns over the shards: from each device to its
+peers, never through one device. (MXNet's ``device`` kvstore would reduce every key on the
+devices of its first key: all shards through two GPUs, whose merge buffers would hold them.)
 
 ``save_states`` writes the file ``gluon.Trainer.save_states`` writes for the unpartitioned
 block (states whole, keyed by the parameter's index in ``sorted(block.collect_params())``, as
@@ -89,18 +92,13 @@ class Trainer:
         self._by_device: dict[Any, list[int]] = {}
         for i, (_, w, _) in enumerate(self._updated()):
             self._by_device.setdefault(w.context, []).append(i)
-        # the groups' gradients of one shard are summed as one key of a device kvstore
-        self._groups = None
-        if len(self._copies) > 1:
-            if kvstore is not None and kvstore not in ("local", "device"):
-                raise InvalidArgumentError(
-                    f"a block partitioned with replicas={len(self._copies)} sums its groups' "
-                    f"gradients in this process; several workers on top of that (kvstore="
-                    f"{kvstore!r}) are not supported yet: run one worker per group instead "
-                    f"(replicas=1, each worker partitioning over its group's devices)")
-            self._groups = mx.kv.create("device")
-            for i, (_, w, _) in enumerate(self._shards):
-                self._groups.init(i, mx.nd.zeros(w.shape, dtype=w.dtype))
+        if len(self._copies) > 1 and kvstore is not None and kvstore not in ("local",
+                                                                               "device"):
+            raise InvalidArgumentError(
+                f"a block partitioned with replicas={len(self._copies)} sums its groups' "
+                f"gradients in this process; several workers on top of that (kvstore="
+                f"{kvstore!r}) are not supported yet: run one worker per group instead "
+                f"(replicas=1, each worker partitioning over its group's devices)")
         # last: the other workers wait for this one from here on
         self._collective = distributed.connect(kvstore)
         if self._collective is not None:
@@ -184,17 +182,28 @@ class Trainer:
                 "before trainer.step (or pass ignore_stale_grad=True)")
         if self._collective is not None:
             self._collective.all_reduce(self._keys, [g for _, _, g in self._shards])
-        if self._groups is not None:    # each shard's gradient summed over the groups
-            keys = list(range(len(self._shards)))
-            grads = [[copy[i][2] for copy in self._copies] for i in keys]
-            self._groups.push(keys, grads, priority=0)
-            self._groups.pull(keys, out=grads, priority=0)
+        self._sum_over_groups()
         self._optimizer.rescale_grad = self._scale / batch_size
         updated = self._updated()
         for ctx, indices in self._by_device.items():
             self._updater(list(indices), [updated[i][2] for i in indices],
                           [updated[i][1] for i in indices])
         self.block._fresh = False
+
+    def _sum_over_groups(self) -> None:
+        """Each shard's gradient, in every group, replaced by the sum over the groups:
+        reduced in place on group ``i % G``'s copy of shard ``i``, then copied to the others
+        (engine operations, each queued behind the gradients it reads)."""
+        groups = len(self._copies)
+        for i in range(len(self._shards) if groups > 1 else 0):
+            grads = [copy[i][2] for copy in self._copies]
+            total = grads[i % groups]
+            for g, grad in enumerate(grads):
+                if g != i % groups:
+                    total += grad.as_in_context(total.context)
+            for g, grad in enumerate(grads):
+                if g != i % groups:
+                    total.copyto(grad)
 
     def _updated(self) -> list[tuple[Any, mx.nd.NDArray, mx.nd.NDArray]]:
         """Every group's shards updated, by the optimizer's index."""

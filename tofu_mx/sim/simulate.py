@@ -37,8 +37,8 @@
   same device of the other groups (one ring per device of a group, all at once, over the
   ``bridge``, sharing it where ``bridge_shared``), in buckets as the backward pass completes
   them, as for data parallelism. What it runs: ``tofu_mx.gluon.partition(..., replicas=G)``
-  (each group's copy of a shard summed through MXNet's ``device`` kvstore as its gradient
-  is written).
+  (each shard's copies summed between the groups' devices holding it, as its gradient is
+  written).
   Not run (``fits`` False, says why) where the machine is one group;
 - ``"tofu-memory"``: the plan moving the fewest bytes that fits the machine's memory
   (``partition(memory_budget=...)``); as the plan counts what a device holds at the end of
