@@ -13,6 +13,7 @@ never changed; it stays on its own devices with its own values.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Sequence
 
 import mxnet as mx
@@ -23,10 +24,12 @@ from nnvm_passes.ir import VARIABLE_KINDS
 from tofu_mx import arguments
 from tofu_mx.arguments import show
 from tofu_mx.devices import check_contexts, no_subgraph_backend
-from tofu_mx.errors import CheckpointError, InvalidArgumentError, TofuError, mxnet_message
+from tofu_mx.errors import (CheckpointError, DataParallelFasterWarning, InvalidArgumentError,
+                            TofuError, mxnet_message)
 from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.gluon.init import initialize_shard
-from tofu_mx.runtime.partitioned import DeviceMemory, PartitionedSymbol
+from tofu_mx.runtime.partitioned import (DeviceMemory, MachineChoice, PartitionedSymbol,
+                                         choose_by_step_time)
 from tofu_mx.runtime.partitioned import partition as partition_symbol
 
 Shape = tuple[int, ...]
@@ -102,7 +105,7 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
               data: Shape | Sequence[Shape], label: Shape | None = None,
               loss: gluon.HybridBlock | None = None, dtype: Any = None, init: Any = None,
               memory_budget: Any = None, options: Any = None, strict: bool = False,
-              machine: Any = None, replicas: int = 1) -> "PartitionedBlock":
+              machine: Any = None, replicas: int | str = 1) -> "PartitionedBlock":
     """Partition a Gluon ``HybridBlock`` over the devices ``ctx`` for one batch shape.
 
     - ``data``: the input's shape, or a list of shapes for a block with several inputs
@@ -130,6 +133,10 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
       group's rows by their own statistics (not the whole batch's), and each group updates
       its own moving statistics (the first group's are saved). Every output must have the
       batch as its first axis (per-sample losses): the groups' outputs are joined along it.
+      ``replicas="auto"`` (with ``machine``): the hybrid over the machine's device groups
+      where the simulator predicts it fits and is faster than every partition of all the
+      devices and than data parallelism, else one partition of them all;
+      :attr:`PartitionedBlock.machine_choice` says what was weighed.
 
     Returns a :class:`PartitionedBlock`. ``block`` is not modified.
     """
@@ -149,14 +156,51 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
     shape_of = dict(zip(names, shapes))
     if label is not None:
         shape_of["label"] = tuple(label)
-    replicas = arguments.count(replicas, "replicas", example="replicas=2")
+    dtypes = {n: dtype for n in shape_of}
+    choice = None
+    if replicas == "auto":
+        if machine is None:
+            raise InvalidArgumentError(
+                "replicas='auto' lets machine= choose between one partition and the hybrid: "
+                "give machine= too (a tofu_mx.sim preset's name or Machine), or a number of "
+                "replicas")
+        whole, choice = _whole_or_hybrid(symbol, contexts, memory_budget, options, dtypes,
+                                         strict, machine, shape_of)
+        if whole is not None:
+            return PartitionedBlock(block, whole, names, "label" if label is not None else None,
+                                    params, init, contexts, choice)
+        replicas = choice.hybrid.groups
+    replicas = arguments.count(replicas, "replicas", example="replicas=2 or replicas='auto'")
     share = _replica_shapes(symbol, contexts, replicas, shape_of)
-    ptd = partition_symbol(symbol, contexts[:len(contexts) // replicas],
-                           memory_budget=memory_budget, options=options,
-                           dtypes={n: dtype for n in shape_of}, strict=strict,
-                           machine=machine, **share)
+    group = contexts[:len(contexts) // replicas]
+    if choice is not None:      # the hybrid, as simulated: each group machine='s plan for it
+        ptd = choose_by_step_time(symbol, group, machine, memory_budget=memory_budget,
+                                  options=options, dtypes=dtypes, strict=strict,
+                                  compare=False, **share)
+    else:
+        ptd = partition_symbol(symbol, group, memory_budget=memory_budget, options=options,
+                               dtypes=dtypes, strict=strict, machine=machine, **share)
     return PartitionedBlock(block, ptd, names, "label" if label is not None else None,
-                            params, init, contexts)
+                            params, init, contexts, choice)
+
+
+def _whole_or_hybrid(symbol, contexts, memory_budget, options, dtypes, strict, machine,
+                     shape_of):
+    """``replicas='auto'``: the partition of all of ``contexts`` ``machine=`` chooses and
+    its :class:`~tofu_mx.runtime.partitioned.MachineChoice`, or (None, the choice) where the
+    hybrid is the fastest that fits. Its warning that the hybrid is faster is dropped when
+    the hybrid is taken; every other warning is passed on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        whole = partition_symbol(symbol, contexts, memory_budget=memory_budget,
+                                 options=options, dtypes=dtypes, strict=strict,
+                                 machine=machine, **shape_of)
+    choice = whole.machine_choice
+    hybrid = choice.hybrid is not None and choice.fastest_elsewhere is choice.hybrid
+    for w in caught:
+        if not (hybrid and issubclass(w.category, DataParallelFasterWarning)):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return (None if hybrid else whole), choice
 
 
 def _replica_shapes(symbol: mx.sym.Symbol, contexts: Sequence[mx.Context], replicas: int,
@@ -289,9 +333,13 @@ class PartitionedBlock(gluon.Block):
     """
 
     def __init__(self, block, ptd: PartitionedSymbol, data_names, label_name, params, init,
-                 contexts: Sequence[mx.Context] | None = None):
+                 contexts: Sequence[mx.Context] | None = None,
+                 choice: MachineChoice | None = None):
         super().__init__(prefix=block.prefix + "tofu_")
         self.partitioned = ptd
+        #: with ``machine=``: what was weighed over all the devices and chosen
+        #: (``replicas='auto'``), else the partition's own choice
+        self.machine_choice = choice if choice is not None else ptd.machine_choice
         #: every device, the groups' one after another (``partitioned.contexts`` first)
         self.contexts = list(contexts) if contexts is not None else list(ptd.contexts)
         size = len(ptd.contexts)

@@ -2,7 +2,9 @@
 Tofu inside each. Judged in float64 against Gluon's own data parallelism over G devices
 (the same rows per group, BatchNorm over each group's rows), and on a net without
 BatchNorm against one device on the whole batch."""
+import dataclasses
 import pickle
+import warnings
 
 import mxnet as mx
 import numpy as np
@@ -213,3 +215,71 @@ def test_machine_chooses_each_groups_plan():
     assert choice is not None and choice.chosen in choice.candidates
     assert pnet.replicas[1].machine_choice is choice
     assert pnet.partitioned.graph.node("data").outputs[0].shape == (6, 20)
+
+
+def test_auto_takes_the_hybrid_only_where_machine_predicts_it_fastest(monkeypatch):
+    """replicas='auto' follows machine='s comparison over all the devices: one partition of
+    them all where it (or nothing) is faster; the hybrid's groups where the hybrid fits and
+    is the fastest. The comparison is taken as simulated, then (second case) its hybrid made
+    faster than everything, to see the other branch."""
+    import tofu_mx.gluon.block as block_module
+    from tofu_mx.runtime.partitioned import Candidate
+    machine = dataclasses.replace(tofu_mx.sim.machine("8xV100-16GB-PCIe"), name="two pairs",
+                                  num_devices=4, group_size=2, host_shared=2)
+    kwargs = dict(loss=LOSS, data=(12, 20), label=(12,), machine=machine, replicas="auto")
+    pnet = tg.partition(mlp(), devices(4), **kwargs)
+    choice = pnet.machine_choice
+    assert choice.hybrid is not None and choice.hybrid.groups == 2
+    assert choice.fastest_elsewhere is not choice.hybrid      # as simulated: not faster
+    assert len(pnet.replicas) == 1 and pnet.partitioned.contexts == devices(4)
+    real = block_module.partition_symbol
+
+    def hybrid_fastest(*args, **kw):
+        ptd = real(*args, **kw)
+        if ptd.machine_choice is not None and ptd.machine_choice.hybrid is not None:
+            fast = dataclasses.replace(ptd.machine_choice.hybrid, step=1e-9, fits=True)
+            ptd.machine_choice = dataclasses.replace(ptd.machine_choice, hybrid=fast)
+        return ptd
+    monkeypatch.setattr(block_module, "partition_symbol", hybrid_fastest)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pnet = tg.partition(mlp(), devices(4), **kwargs)
+    assert isinstance(pnet.machine_choice.hybrid, Candidate)
+    assert len(pnet.replicas) == 2 and pnet.partitioned.contexts == devices(2)
+    assert pnet.partitioned.machine_choice is not None
+    assert not [w for w in caught if issubclass(w.category, tofu_mx.DataParallelFasterWarning)]
+    with pytest.raises(tofu_mx.InvalidArgumentError, match="give machine= too"):
+        tg.partition(mlp(), devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas="auto")
+
+
+def test_float32_groups_train_as_float32_gluon_does(tmp_path):
+    """The float32 path (what users run): two steps in 2 groups of 2 against one device's
+    float32 Gluon; the two differ only in summation order (judged at float32's rounding)."""
+    ref, net = mlp(), mlp()
+    for n in (ref, net):
+        n.cast("float32")
+    for p, q in zip(ref.collect_params().values(), net.collect_params().values()):
+        q.set_data(p.data())
+    pnet = tg.partition(net, devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2)
+    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1})
+    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", {"learning_rate": 0.1})
+    rng = np.random.default_rng(5)
+    for step in range(2):
+        x = mx.nd.array(rng.standard_normal((12, 20)), dtype="float32")
+        y = mx.nd.array(rng.integers(0, 10, 12), dtype="float32")
+        loss = pnet.step(x, y)
+        trainer.step(12)
+        with autograd.record():
+            want = LOSS(ref(x), y)
+        want.backward()
+        ref_trainer.step(12)
+        assert loss.dtype == np.float32
+        np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
+    path = str(tmp_path / "f32.params")
+    pnet.export_parameters(path)
+    got = {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+    want = {k: p.data().asnumpy() for k, p in ref._collect_params_with_prefix().items()}
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == np.float32
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
