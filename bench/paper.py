@@ -161,11 +161,17 @@ def _versus(results, strategy: str = "tofu") -> str:
 
 
 def memory_table(rows, machine) -> list[str]:
-    shown = SHOWN + ((BY_TIME,) if rows and BY_TIME in rows[0][2] else ())
+    """The busiest device's peak per strategy ("-": not run, as the hybrid where the batch
+    does not split over the groups)."""
+    shown = SHOWN + tuple(s for s in (BY_TIME, HYBRID) if rows and s in rows[0][2])
     head = ["model"] + [s if s != BY_TIME else "tofu, machine=" for s in shown]
-    cells = [[model.label] + [format_bytes(max(results[s].peak_memory)) +
-                              ("" if results[s].fits or s == "ideal" else " (over)")
-                              for s in shown]
+
+    def cell(result, strategy):
+        if not any(result.peak_memory):
+            return "-"
+        return format_bytes(max(result.peak_memory)) + \
+            ("" if result.fits or strategy == "ideal" else " (over)")
+    cells = [[model.label] + [cell(results[s], s) for s in shown]
              for model, _, results, _ in rows]
     return table(head, cells).split("\n")
 
