@@ -11,7 +11,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import mxnet as mx
 
 from tofu_mx.arguments import show
-from tofu_mx.errors import ContextError, InvalidArgumentError
+from tofu_mx.errors import ContextError, InvalidArgumentError, caller_stacklevel
 
 _GROUP = re.compile(r"dev(\d+)$")
 _DEVICES = re.compile(r"(?:(?P<type>[a-z]+):)?(?P<ids>\d+(?:,\d+)*)")
@@ -136,7 +136,7 @@ def warn_if_mkldnn_across_cpus(contexts: Sequence[mx.Context]) -> None:
             f"MKLDNN kernels compute wrong values when a graph spans several CPU devices "
             f"({', '.join(map(str, sorted(cpus, key=str)))}). Set MXNET_MKLDNN_ENABLED=0 "
             f"before the first MXNet operator runs (importing tofu_mx first does this).",
-            RuntimeWarning, stacklevel=3)
+            RuntimeWarning, stacklevel=caller_stacklevel())
 
 
 @contextlib.contextmanager

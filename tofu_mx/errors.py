@@ -4,7 +4,9 @@ Every message says what went wrong, the values involved, and what to do about it
 Subclasses also derive from the matching built-in (``ValueError``, ``TypeError``) so that
 generic handlers keep working.
 """
+import os
 import re
+import sys
 
 
 class TofuError(Exception):
@@ -81,3 +83,18 @@ def mxnet_message(error: BaseException) -> str:
         line = re.sub(r"^(mxnet\.base\.)?MXNetError: ", "", line)
         return re.sub(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ", "", line).rstrip(": ")
     return type(error).__name__
+
+
+#: the folders of the packages whose frames a warning skips to reach the caller's line
+_OWN_CODE = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + name
+                  + os.sep for name in ("tofu_mx", "nnvm_passes"))
+
+
+def caller_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel`` for the function calling this one, pointing at the
+    first frame outside tofu_mx and nnvm_passes: the user's line, however deep in the
+    package the warning is raised (``tofu_mx.gluon.partition`` -> ``partition`` -> ...)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_OWN_CODE):
+        frame, level = frame.f_back, level + 1
+    return level

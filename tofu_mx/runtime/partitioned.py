@@ -25,7 +25,8 @@ from tofu_mx.devices import (check_available, check_contexts, group_name,
                              warn_if_mkldnn_across_cpus)
 from tofu_mx.errors import (CheckpointError, DataParallelFasterWarning,
                             InvalidArgumentError, NoFeasiblePlanError,
-                            TofuError, UnsupportedOperatorError, mxnet_message)
+                            TofuError, UnsupportedOperatorError, caller_stacklevel,
+                            mxnet_message)
 from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.runtime.unlower import unlower
@@ -700,7 +701,7 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
         warnings.warn(f"partition(machine={machine.name!r}): {choice.advice()} "
                       f"({faster.step * 1e3:,.1f} ms per step predicted, "
                       f"against {chosen.step * 1e3:,.1f} ms for the partitioned plan)",
-                      DataParallelFasterWarning, stacklevel=3)
+                      DataParallelFasterWarning, stacklevel=caller_stacklevel())
     ptd.machine_choice = choice
     return ptd
 
@@ -901,7 +902,8 @@ def _rewritten(symbol: mx.sym.Symbol, graph: Graph, plan: Plan, assignment: Assi
     if whole:
         warnings.warn(f"{len(whole)} operator(s) run whole instead of split (see "
                       f"PartitionedSymbol.fallbacks): {'; '.join(whole[:5])}"
-                      f"{' ...' if len(whole) > 5 else ''}", RuntimeWarning, stacklevel=3)
+                      f"{' ...' if len(whole) > 5 else ''}", RuntimeWarning,
+                      stacklevel=caller_stacklevel())
     return ptd
 
 

@@ -283,3 +283,17 @@ def test_float32_groups_train_as_float32_gluon_does(tmp_path):
     for k in want:
         assert got[k].dtype == np.float32
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_machines_advice_points_at_the_callers_line():
+    """DataParallelFasterWarning is raised three calls deep from tofu_mx.gluon.partition (and
+    two from tofu_mx.partition): it names the caller's file, not the package's."""
+    net = nn.HybridSequential(prefix="small_")
+    net.add(nn.Dense(10, in_units=20))
+    net.initialize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tg.partition(net, devices(2), loss=gluon.loss.L2Loss(), data=(64, 20), label=(64, 10),
+                     machine="8xV100-16GB-PCIe")
+    advice = [w for w in caught if issubclass(w.category, tofu_mx.DataParallelFasterWarning)]
+    assert advice and all(w.filename == __file__ for w in advice)
