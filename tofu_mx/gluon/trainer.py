@@ -99,6 +99,16 @@ class Trainer:
                 f"gradients in this process; several workers on top of that (kvstore="
                 f"{kvstore!r}) are not supported yet: run one worker per group instead "
                 f"(replicas=1, each worker partitioning over its group's devices)")
+        # with replicas: per (device, dtype), a buffer as large as the largest gradient
+        # shard the device sums, which its peers' copies are received in
+        sizes: dict[tuple[Any, str], int] = {}
+        groups = len(self._copies)
+        for i in range(len(self._shards) if groups > 1 else 0):
+            summed = self._copies[i % groups][i][2]      # where _sum_over_groups sums it
+            key = (summed.context, np.dtype(summed.dtype).name)
+            sizes[key] = max(sizes.get(key, 0), summed.size)
+        self._received = {key: mx.nd.empty((n,), ctx=key[0], dtype=key[1])
+                          for key, n in sizes.items()}
         # last: the other workers wait for this one from here on
         self._collective = distributed.connect(kvstore)
         if self._collective is not None:
@@ -192,15 +202,20 @@ class Trainer:
 
     def _sum_over_groups(self) -> None:
         """Each shard's gradient, in every group, replaced by the sum over the groups:
-        reduced in place on group ``i % G``'s copy of shard ``i``, then copied to the others
-        (engine operations, each queued behind the gradients it reads)."""
+        reduced in place on group ``i % G``'s copy of shard ``i`` (each peer's copied into
+        that device's receiving buffer first), then copied to the others. Engine operations,
+        each queued behind the gradients it reads; last shards first, as the backward pass
+        makes them (one receiving buffer per device orders its reductions)."""
         groups = len(self._copies)
-        for i in range(len(self._shards) if groups > 1 else 0):
+        for i in reversed(range(len(self._shards) if groups > 1 else 0)):
             grads = [copy[i][2] for copy in self._copies]
             total = grads[i % groups]
+            buffer = self._received[(total.context, np.dtype(total.dtype).name)]
+            received = buffer[:total.size].reshape(total.shape)
             for g, grad in enumerate(grads):
                 if g != i % groups:
-                    total += grad.as_in_context(total.context)
+                    grad.copyto(received)
+                    total += received
             for g, grad in enumerate(grads):
                 if g != i % groups:
                     total.copyto(grad)
@@ -211,13 +226,16 @@ class Trainer:
 
     # --- memory ----------------------------------------------------------------------------
     def state_bytes_per_device(self) -> list[int]:
-        """Bytes of optimizer state each device holds."""
+        """Bytes of optimizer state each device holds, and with ``replicas=`` the buffer
+        it receives its peers' gradient shards in."""
         contexts = self.block.contexts
         index = {c: i for i, c in enumerate(contexts)}
         out = [0] * len(contexts)
         for state in self._updater.states.values():
             for a in _leaves(state):
                 out[index[a.context]] += int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+        for a in self._received.values():
+            out[index[a.context]] += a.size * np.dtype(a.dtype).itemsize
         return out
 
     def memory_per_device(self):

@@ -141,7 +141,18 @@ def test_memory_and_arrays_count_every_group():
     held = pnet.bytes_per_device()
     weights = sum(p.data().size for p in mlp().collect_params().values()) * 8
     assert sum(r["weights"] for r in held[:2]) == sum(r["weights"] for r in held[2:]) == weights
-    assert sum(trainer.state_bytes_per_device()) == 2 * weights     # momentum in each group
+    # momentum in each group, and on each device a buffer for its peers' gradient shards:
+    # as large as the largest shard it sums, at most its largest
+    state = trainer.state_bytes_per_device()
+    momentum = [0] * 4
+    largest = [0] * 4
+    for g in range(2):
+        for _, w, _ in pnet.shard_arrays(("param",), g):
+            d = devices(4).index(w.context)
+            momentum[d] += w.size * 8
+            largest[d] = max(largest[d], w.size * 8)
+    assert sum(momentum) == 2 * weights
+    assert all(0 < s - m <= big for s, m, big in zip(state, momentum, largest))
     assert "2 data-parallel groups" in repr(pnet)
 
 
