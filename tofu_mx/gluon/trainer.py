@@ -14,8 +14,8 @@ workers together for the update one process would make on that whole batch.
 
 A block made with ``replicas=`` (data parallel across groups of devices, Tofu inside each)
 keeps a copy of every shard in each group: each shard's gradient is summed over the groups
-(queued behind the backward pass, as above), then every group applies the same update to its
-copy, with its own optimizer state. The sum is reduced on one group's device and copied back
+(queued behind the backward pass, as above; with several workers, then over the workers),
+then every group applies the same update to its copy, with its own optimizer state. The sum is reduced on one group's device and copied back
 to the others, the reducing group taking turns over the shards: from each device to its
 peers, never through one device. (MXNet's ``device`` kvstore would reduce every key on the
 devices of its first key: all shards through two GPUs, whose merge buffers would hold them.)
@@ -92,21 +92,14 @@ class Trainer:
         self._by_device: dict[Any, list[int]] = {}
         for i, (_, w, _) in enumerate(self._updated()):
             self._by_device.setdefault(w.context, []).append(i)
-        if len(self._copies) > 1 and kvstore is not None and kvstore not in ("local",
-                                                                               "device"):
-            raise InvalidArgumentError(
-                f"a block partitioned with replicas={len(self._copies)} sums its groups' "
-                f"gradients in this process; several workers on top of that (kvstore="
-                f"{kvstore!r}) are not supported yet: run one worker per group instead "
-                f"(replicas=1, each worker partitioning over its group's devices)")
         # with replicas: per (device, dtype), a buffer as large as the largest gradient
         # shard the device sums, which its peers' copies are received in
         sizes: dict[tuple[Any, str], int] = {}
         groups = len(self._copies)
         for i in range(len(self._shards) if groups > 1 else 0):
-            summed = self._copies[i % groups][i][2]      # where _sum_over_groups sums it
-            key = (summed.context, np.dtype(summed.dtype).name)
-            sizes[key] = max(sizes.get(key, 0), summed.size)
+            total = self._copies[i % groups][i][2]      # where _sum_over_groups sums it
+            key = (total.context, np.dtype(total.dtype).name)
+            sizes[key] = max(sizes.get(key, 0), total.size)
         self._received = {key: mx.nd.empty((n,), ctx=key[0], dtype=key[1])
                           for key, n in sizes.items()}
         # last: the other workers wait for this one from here on
@@ -121,6 +114,10 @@ class Trainer:
                     for i, (s, _, _) in enumerate(param_shards)}
             self._collective.broadcast([keys[s.name] for s, _, _ in param_shards],
                                        [w for _, w, _ in param_shards])
+            for g in range(1, len(block.replicas)):     # worker 0's values in every group
+                for (_, first, _), (_, mine, _) in zip(param_shards,
+                                                       block.shard_arrays(("param",), g)):
+                    first.copyto(mine)
             self._keys = [keys[s.name] for s, _, _ in self._shards]
 
     @property
@@ -190,9 +187,10 @@ class Trainer:
                 "the gradients have not been computed since the last step: call "
                 "pnet.step(x, y), or loss.backward() after pnet(x, y) under autograd.record(), "
                 "before trainer.step (or pass ignore_stale_grad=True)")
+        summed = self._sum_over_groups()
         if self._collective is not None:
-            self._collective.all_reduce(self._keys, [g for _, _, g in self._shards])
-        self._sum_over_groups()
+            self._collective.all_reduce(self._keys, summed)
+        self._share_over_groups(summed)
         self._optimizer.rescale_grad = self._scale / batch_size
         updated = self._updated()
         for ctx, indices in self._by_device.items():
@@ -200,29 +198,36 @@ class Trainer:
                           [updated[i][1] for i in indices])
         self.block._fresh = False
 
-    def _sum_over_groups(self) -> None:
-        """Each shard's gradient, in every group, replaced by the sum over the groups:
-        reduced in place on group ``i % G``'s copy of shard ``i`` (each peer's copied into
-        that device's receiving buffer first), then copied to the others. Engine operations,
-        each queued behind the gradients it reads; last shards first, as the backward pass
-        makes them (one receiving buffer per device orders its reductions)."""
+    def _sum_over_groups(self) -> list[mx.nd.NDArray]:
+        """Each shard's gradient summed over the groups (with ``replicas=``), in place in
+        group ``i % G``'s copy of shard ``i`` (each peer's copied into that device's
+        receiving buffer first); returns those copies, by shard (the first group's gradients
+        without replicas). Engine operations, each queued behind the gradients it reads;
+        last shards first, as the backward pass makes them (one receiving buffer per device
+        orders its reductions)."""
         groups = len(self._copies)
+        summed = [self._copies[i % groups][i][2] for i in range(len(self._shards))]
         for i in reversed(range(len(self._shards) if groups > 1 else 0)):
-            grads = [copy[i][2] for copy in self._copies]
-            total = grads[i % groups]
+            total = summed[i]
             buffer = self._received[(total.context, np.dtype(total.dtype).name)]
             received = buffer[:total.size].reshape(total.shape)
-            for g, grad in enumerate(grads):
+            for g, shards in enumerate(self._copies):
                 if g != i % groups:
-                    grad.copyto(received)
+                    shards[i][2].copyto(received)
                     total += received
-            for g, grad in enumerate(grads):
+        return summed
+
+    def _share_over_groups(self, summed: list[mx.nd.NDArray]) -> None:
+        """Each shard's summed gradient copied to the other groups' copies of the shard."""
+        groups = len(self._copies)
+        for i in reversed(range(len(self._shards) if groups > 1 else 0)):
+            for g, shards in enumerate(self._copies):
                 if g != i % groups:
-                    total.copyto(grad)
+                    summed[i].copyto(shards[i][2])
 
     def _updated(self) -> list[tuple[Any, mx.nd.NDArray, mx.nd.NDArray]]:
         """Every group's shards updated, by the optimizer's index."""
-        return [shard for copy in self._copies for shard in copy]
+        return [shard for shards in self._copies for shard in shards]
 
     # --- memory ----------------------------------------------------------------------------
     def state_bytes_per_device(self) -> list[int]:

@@ -8,6 +8,9 @@ its own random values (its pid seeds them): the Trainer's broadcast must make th
 0's. Worker 0 writes ``OUT/init.params`` (the values every worker starts from) and every
 worker ``OUT/worker-<rank>.params`` and ``OUT/worker-<rank>.json`` (its per-sample losses).
 
+``python dist_worker.py OUT OPTIMIZER KVSTORE 2``: the same, each worker in 2 data-parallel
+groups (``replicas=2``) of cpu(0..1) and cpu(2..3), B / 2 rows each.
+
 ``python dist_worker.py OUT mismatch dist_sync``: the first worker to start partitions for
 batch B, the others for B + 2; every worker must refuse to train.
 
@@ -53,7 +56,7 @@ def global_batch(step: int, workers: int) -> tuple[np.ndarray, np.ndarray]:
             rng.integers(0, CLASSES, B * workers).astype(np.float64))
 
 
-def main(out: str, optimizer: str, kvstore: str) -> None:
+def main(out: str, optimizer: str, kvstore: str, replicas: str = "1") -> None:
     mismatch = optimizer == "mismatch"
     batch = B
     if mismatch:
@@ -62,7 +65,10 @@ def main(out: str, optimizer: str, kvstore: str) -> None:
         except FileExistsError:
             batch = B + 2
     net = make_net(seed=os.getpid())
-    pnet = tg.partition(net, DEVICES, loss=LOSS, data=(batch, FEATURES), label=(batch,))
+    groups = int(replicas)
+    devices = [mx.cpu(i) for i in range(len(DEVICES) * groups)]
+    pnet = tg.partition(net, devices, loss=LOSS, data=(batch, FEATURES), label=(batch,),
+                        replicas=groups)
     if optimizer == "float32-servers":
         collective = distributed.connect(kvstore)
         gathered = distributed.all_gather(collective, 1 / 3 + collective.rank)

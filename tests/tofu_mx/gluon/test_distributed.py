@@ -34,14 +34,16 @@ def horovod_missing() -> str | None:
     return None
 
 
-def launch(tmp_path, optimizer, kvstore="dist_sync", workers=2, timeout=110, env=None):
+def launch(tmp_path, optimizer, kvstore="dist_sync", workers=2, timeout=110, env=None,
+           replicas=1):
     if kvstore == "horovod":
         launcher = [sys.executable, "-m", "horovod.runner.launch", "-np", str(workers), "-H",
                     f"localhost:{workers}", "--gloo"]
     else:
         launcher = [sys.executable, "-m", "tofu_mx.launch", "-n", str(workers), "--"]
     start = time.monotonic()
-    done = subprocess.run([*launcher, sys.executable, WORKER, str(tmp_path), optimizer, kvstore],
+    done = subprocess.run([*launcher, sys.executable, WORKER, str(tmp_path), optimizer, kvstore,
+                           str(replicas)],
                           capture_output=True, text=True, timeout=timeout,
                           env=None if env is None else {**os.environ, **env})
     return done, time.monotonic() - start
@@ -65,12 +67,16 @@ def reference(tmp_path, optimizer, workers=2):
     return np.array(losses), {k: v.asnumpy() for k, v in mx.nd.load(str(path)).items()}
 
 
-@pytest.mark.parametrize("kvstore", ["dist_sync", "horovod"])
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_two_workers_train_as_one_process_on_their_joint_batch(optimizer, kvstore, tmp_path):
+@pytest.mark.parametrize("kvstore,optimizer,replicas", [
+    ("dist_sync", "sgd", 1), ("dist_sync", "adam", 1), ("horovod", "sgd", 1),
+    ("horovod", "adam", 1), ("dist_sync", "adam", 2)])
+def test_two_workers_train_as_one_process_on_their_joint_batch(optimizer, kvstore, replicas,
+                                                               tmp_path):
+    """(replicas=2: each worker in two groups of 2 devices, its gradients summed over its
+    groups, then over the workers.)"""
     if kvstore == "horovod" and horovod_missing():
         pytest.skip(horovod_missing())
-    done, seconds = launch(tmp_path, optimizer, kvstore)
+    done, seconds = launch(tmp_path, optimizer, kvstore, replicas=replicas)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert seconds < 120
     want_losses, want = reference(tmp_path, optimizer)

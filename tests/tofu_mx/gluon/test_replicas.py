@@ -173,8 +173,6 @@ def test_bad_replicas_are_refused_with_what_to_do():
     with pytest.raises(tofu_mx.InvalidArgumentError, match="batch .12. as their first axis"):
         tg.partition(Total(), devices(4), data=(12, 20), replicas=2)
     pnet = tg.partition(net, devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2)
-    with pytest.raises(tofu_mx.InvalidArgumentError, match="not supported yet"):
-        tg.Trainer(pnet, "sgd", kvstore="dist_sync")
     with pytest.raises(tofu_mx.InvalidArgumentError, match="partitioned for .12, 20."):
         pnet.step(mx.nd.zeros((6, 20), dtype="float64"), mx.nd.zeros((6,), dtype="float64"))
     with pytest.raises(tofu_mx.InvalidArgumentError, match="replica must be between 0 and 1"):
