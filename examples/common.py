@@ -29,6 +29,7 @@ from mxnet import autograd, gluon  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import tofu_mx.gluon as tg  # noqa: E402
+from tofu_mx import sim  # noqa: E402
 from tofu_mx.gluon import distributed  # noqa: E402
 from tofu_mx.devices import check_available, parse_devices  # noqa: E402
 from tofu_mx.files import atomic_write  # noqa: E402
@@ -43,7 +44,9 @@ CHECKPOINT_FORMAT = "tofu_mx-examples-checkpoint/1"
 
 EPILOG = "\n\n".join(textwrap.fill(paragraph, 88) for paragraph in (
     f"--compare trains a copy of the same initialised block with plain Gluon on the first "
-    f"device of --devices (gluon.Trainer, same batches and optimizer; Dropout switched off "
+    f"device of --devices (with --replicas G, data-parallel on the first G devices, "
+    f"BatchNorm over each device's rows as in the hybrid's groups) "
+    f"(gluon.Trainer, same batches and optimizer; Dropout switched off "
     f"in every run, as its random masks differ) and prints both loss curves side by side; "
     f"the exit code is 1 if they differ beyond float tolerance. float64: every step within "
     f"rtol {RTOL_FLOAT64:g}; where not, plain Gluon is trained {PERTURBED_RUNS} more times "
@@ -69,7 +72,12 @@ EPILOG = "\n\n".join(textwrap.fill(paragraph, 88) for paragraph in (
     "one machine, or MXNet's tools/launch.py on several. --kvstore horovod uses Horovod "
     "(horovodrun -np 2 python ...). Each worker trains its rows of every --batch-size batch "
     "and the loss curve is the whole batch's, so it matches a run of one process. "
-    "BatchNorm's batch statistics are then each worker's own rows', as in Gluon."))
+    "BatchNorm's batch statistics are then each worker's own rows', as in Gluon.",
+    "--replicas G trains data-parallel across G groups of the --devices (consecutive, as "
+    "many in each), the model partitioned inside each group (tofu_mx.gluon.partition's "
+    "replicas=); --replicas auto with --machine NAME takes it where the simulator predicts "
+    "it faster on that machine. --machine NAME chooses the partition by simulated step time "
+    "on a tofu_mx.sim preset."))
 
 
 class ExampleError(Exception):
@@ -121,6 +129,17 @@ def devices(text: str) -> list[mx.Context]:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def replicas(text: str) -> int | str:
+    """--replicas: a positive integer, or auto."""
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or auto, got {text!r}") \
+            from None
+
+
 def memory(text: str) -> int:
     try:
         return parse_bytes(text)
@@ -158,6 +177,11 @@ def parser(description: str, *, batch_size: int, lr: float, steps_total: int = 5
              "initial values at any device count; --compare needs it). shards: each device "
              "initialises its own shards, no whole parameter anywhere (networks larger than "
              "host memory)")
+    add("--replicas", type=replicas, default=1, metavar="G",
+        help="data parallel across G groups of --devices, partitioned inside each; auto "
+             "(with --machine): where predicted faster (see below)")
+    add("--machine", choices=sorted(sim.PRESETS), default=None,
+        help="choose the partition by simulated step time on this machine")
     add("--memory-budget", type=memory, default=None,
         help="bytes per device for the partitioner's search, e.g. 16GiB")
     add("--checkpoint", metavar="DIR", help="checkpoint folder")
@@ -185,6 +209,8 @@ def run(p: Parser, build_task: Callable[[argparse.Namespace], Task],
         p.error("--resume continues the checkpoint, --overwrite replaces it: give one")
     if args.compare and args.init != "host":
         p.error("--compare needs --init host (plain Gluon starts from the same whole values)")
+    if args.replicas == "auto" and args.machine is None:
+        p.error("--replicas auto lets --machine choose: give --machine NAME too")
     if args.compare and args.kvstore:
         p.error("--compare runs plain Gluon in this process on the whole batch; leave it out "
                 "with --kvstore (train once without --kvstore to compare the curves)")
@@ -245,10 +271,11 @@ def has_dropout(net: gluon.Block) -> bool:
         has_dropout(child) for child in net._children.values())
 
 
-def copy_block(task: Task, source: gluon.HybridBlock, dtype: str, ctx: mx.Context
+def copy_block(task: Task, source: gluon.HybridBlock, dtype: str, ctx: list[mx.Context]
                ) -> gluon.HybridBlock:
-    """A new block on ``ctx`` holding ``source``'s values (cast to ``dtype``)."""
-    net = new_block(task, dtype, ctx)
+    """A new block on the devices ``ctx`` holding ``source``'s values (cast to ``dtype``)."""
+    net = new_block(task, dtype, ctx[0])
+    net.collect_params().reset_ctx(ctx)
     if not has_dropout(source):
         switch_off_dropout(net)
     with tempfile.TemporaryDirectory() as folder:
@@ -267,29 +294,43 @@ def optimizer_params(args) -> dict:
 
 @dataclass
 class Reference:
-    """Plain Gluon on one device (--compare)."""
+    """Plain Gluon on one device, or data-parallel on several, each its rows of the batch
+    (--compare)."""
 
     label: str
     dtype: str
-    ctx: mx.Context
+    ctx: list[mx.Context]
     net: gluon.HybridBlock
     trainer: gluon.Trainer
     curve: list = field(default_factory=list)
 
+    @property
+    def where(self) -> str:
+        """The devices, for display: ``cpu(0)``, or ``cpu(0)+cpu(1)`` data-parallel."""
+        return "+".join(map(str, self.ctx))
+
     def step(self, loss_block, x: np.ndarray, y: np.ndarray) -> float:
-        data = mx.nd.array(x, dtype=self.dtype, ctx=self.ctx)
-        label = mx.nd.array(y, dtype=self.dtype, ctx=self.ctx)
+        rows = x.shape[0] // len(self.ctx)
+        losses = []
         with autograd.record():
-            losses = loss_block(self.net(data), label)
-        losses.backward()
+            for i, ctx in enumerate(self.ctx):
+                part = slice(i * rows, (i + 1) * rows)
+                data = mx.nd.array(x[part], dtype=self.dtype, ctx=ctx)
+                label = mx.nd.array(y[part], dtype=self.dtype, ctx=ctx)
+                losses.append(loss_block(self.net(data), label))
+        for loss in losses:
+            loss.backward()
         self.trainer.step(x.shape[0])
-        self.curve.append(mean(losses))
+        self.curve.append(mean(mx.nd.concat(*[loss.as_in_context(self.ctx[0])
+                                              for loss in losses], dim=0)))
         return self.curve[-1]
 
 
-def references(args, task: Task, net: gluon.HybridBlock) -> list[Reference]:
+def references(args, task: Task, net: gluon.HybridBlock, groups: int) -> list[Reference]:
+    """Plain Gluon on the first device of --devices, or on the first ``groups`` of them
+    data-parallel (the hybrid's BatchNorm statistics: each group's rows')."""
     dtypes = [args.dtype] + (["float64"] if args.dtype == "float32" else [])
-    ctx, out = args.devices[0], []
+    ctx, out = args.devices[:groups], []
     for dtype in dtypes:
         copy = copy_block(task, net, dtype, ctx)
         trainer = gluon.Trainer(copy.collect_params(), args.optimizer, optimizer_params(args))
@@ -456,7 +497,7 @@ def train(args, task: Task) -> int:
     team = workers(args)
     pnet = partition(args, task, net, team)
     trainer = tg.Trainer(pnet, args.optimizer, optimizer_params(args), kvstore=team.collective)
-    refs = references(args, task, net) if args.compare else []
+    refs = references(args, task, net, len(pnet.replicas)) if args.compare else []
     start, curve = 0, []
     if blob is not None:
         start, curve = resume(args, blob, pnet, trainer, refs)
@@ -475,12 +516,15 @@ def partition(args, task: Task, net: gluon.HybridBlock, team: Workers) -> tg.Par
     x, y = x[team.rows], y[team.rows]
     started = time.perf_counter()
     pnet = tg.partition(net, args.devices, loss=task.loss, data=x.shape, label=y.shape,
-                        dtype=args.dtype, init=task.init, memory_budget=args.memory_budget)
+                        dtype=args.dtype, init=task.init, memory_budget=args.memory_budget,
+                        machine=args.machine, replicas=args.replicas)
     if team.collective is not None:
         print(f"worker {team.rank} of {team.count} ({args.kvstore}): rows "
               f"{team.rows.start}-{team.rows.stop - 1} of each batch of {args.batch_size}")
+    groups = len(pnet.replicas)
     print(f"{task.title}, batch {x.shape[0]}, {args.dtype}: partitioned over "
-          f"{len(args.devices)} devices ({', '.join(map(str, args.devices))}) in "
+          f"{len(args.devices)} devices ({', '.join(map(str, args.devices))})"
+          f"{f' in {groups} data-parallel groups' if groups > 1 else ''} in "
           f"{time.perf_counter() - started:.1f} s")
     fallbacks = pnet.partitioned.fallbacks
     print("operators run whole (fallbacks): " + (
@@ -551,7 +595,7 @@ def perturbed_gluon(args, task: Task, ref: Reference, start: int, folder: str
     ref.trainer.save_states(states)
 
     def train_again(run: int) -> list:
-        net = new_block(task, ref.dtype, ref.ctx)
+        net = new_block(task, ref.dtype, ref.ctx[0])
         if not has_dropout(ref.net):
             switch_off_dropout(net)
         net.load_parameters(params, ctx=ref.ctx)

@@ -58,7 +58,7 @@ def compare(args, curve, start, refs: list[Reference],
         print("--compare: no steps were run")
         return 0
     columns = [(f"tofu_mx {len(args.devices)} devices", ours, "22.16g"),
-               (f"{refs[0].label} {refs[0].ctx}", np.array(refs[0].curve), "22.16g")]
+               (f"{refs[0].label} {refs[0].where}", np.array(refs[0].curve), "22.16g")]
     if len(refs) == 1:
         ok, verdict, notes = _judge_float64(ours, refs[0], start, columns, perturbed)
     else:
@@ -144,7 +144,7 @@ def _judge_float32(ours, refs: list[Reference], start: int, columns: list
     ours_err, gluon_err = _relative(ours, oracle), _relative(gluon_curve, oracle)
     allowed = FLOAT32_ERROR_FACTOR * np.maximum.accumulate(gluon_err) + FLOAT32_ERROR_FLOOR
     columns += [("rel. diff", _relative(ours, gluon_curve), "9.1e"),
-                (f"{refs[1].label} {refs[1].ctx}", oracle, "22.16g"),
+                (f"{refs[1].label} {refs[1].where}", oracle, "22.16g"),
                 ("tofu err", ours_err, "9.1e"), ("gluon err", gluon_err, "9.1e"),
                 ("allowed", allowed, "9.1e")]
     ok = bool((ours_err <= allowed).all())

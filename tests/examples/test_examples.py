@@ -166,8 +166,22 @@ def test_two_workers_follow_one_process_curve_and_resume_at_another_count(tmp_pa
            "workers" in uneven.stdout
 
 
+def test_replicas_train_as_gluons_data_parallelism_does():
+    """--replicas 2 over 4 devices (BatchNorm in every block): --compare trains plain Gluon
+    data-parallel on 2 devices, whose BatchNorm sees each device's rows, as each group's."""
+    done = run("train_wresnet.py", "--compare", "--dtype", "float64", "--steps-total", "3",
+               "--batch-size", "8", "--devices", "cpu:4", "--replicas", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "over 4 devices (cpu(0), cpu(1), cpu(2), cpu(3)) in 2 data-parallel groups" \
+        in done.stdout
+    assert "gluon float64 cpu(0)+cpu(1)" in done.stdout
+    assert "--compare: agree: largest relative difference" in done.stdout
+
+
 @pytest.mark.parametrize("script, args, message", [
     ("train_rnn.py", ["--devices", "cpu:0"], r"argument --devices: .* names no device"),
+    ("train_rnn.py", ["--replicas", "auto"], r"--replicas auto lets --machine choose"),
+    ("train_rnn.py", ["--replicas", "two"], r"argument --replicas: expected an integer >= 1 or auto, got 'two'"),
     ("train_rnn.py", ["--kvstore", "dist_sync", "--compare"],
      r"--compare runs plain Gluon in this process"),
     ("train_gluon_zoo.py", ["--model", "resnet19"],
