@@ -1085,7 +1085,18 @@ for label, kw, error, says in [
         ("ctx ints", dict(ctx=lambda: [0, 1]), ContextError, "ctx"),
         ("init=5 on an uninitialised net",
          dict(block=lambda env: dense_net(initialize=False), init=5), InvalidArgumentError,
-         "init")]:
+         "init"),
+        ("replicas=True", dict(replicas=True), InvalidArgumentError, "replicas"),
+        ("replicas=2.0", dict(replicas=2.0), InvalidArgumentError, "replicas"),
+        ("replicas=-1", dict(replicas=-1), InvalidArgumentError, "replicas"),
+        ("replicas='two'", dict(replicas="two"), InvalidArgumentError, "replicas"),
+        ("replicas='auto' without machine", dict(replicas="auto"), InvalidArgumentError,
+         "machine"),
+        ("replicas=2 over 2 devices (groups of one)", dict(replicas=2), InvalidArgumentError,
+         "groups of two or more"),
+        ("replicas=2, batch 3", dict(replicas=2, data=(3, 6), label=(3,),
+                                     ctx=lambda: [mx.cpu(i) for i in range(4)]),
+         InvalidArgumentError, "does not divide by 2")]:
     case(f"gluon.partition/{label}", gluon_call(**kw), error, says)
 
 
@@ -1096,6 +1107,9 @@ def _same_pnet(result, env):
     np.testing.assert_allclose(result(x, y).asnumpy(), env.pnet(x, y).asnumpy(), rtol=1e-5)
 
 
+case("gluon.partition/replicas=np.int64(2) over 4 devices (valid)",
+     gluon_call(replicas=np.int64(2), ctx=lambda: [mx.cpu(i) for i in range(4)]),
+     check=_same_pnet)
 case("gluon.partition/numpy data and label (valid)",
      gluon_call(data=(np.int64(4), np.int64(6)), label=[np.int32(4)]), check=_same_pnet)
 case("gluon.partition/options dict (valid)", gluon_call(options={"memory_weight": 0}),
