@@ -187,9 +187,9 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
 def _whole_or_hybrid(symbol, contexts, memory_budget, options, dtypes, strict, machine,
                      shape_of):
     """``replicas='auto'``: the partition of all of ``contexts`` ``machine=`` chooses and
-    its :class:`~tofu_mx.runtime.partitioned.MachineChoice`, or (None, the choice) where the
-    hybrid is the fastest that fits. Its warning that the hybrid is faster is dropped when
-    the hybrid is taken; every other warning is passed on."""
+    its :class:`~tofu_mx.runtime.partitioned.MachineChoice`, or (None, the choice with the
+    hybrid chosen) where the hybrid is the fastest that fits. Its warning that the hybrid is
+    faster is dropped when the hybrid is taken; every other warning is passed on."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         whole = partition_symbol(symbol, contexts, memory_budget=memory_budget,
@@ -200,7 +200,9 @@ def _whole_or_hybrid(symbol, contexts, memory_budget, options, dtypes, strict, m
     for w in caught:
         if not (hybrid and issubclass(w.category, DataParallelFasterWarning)):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return (None if hybrid else whole), choice
+    if hybrid:
+        return None, dataclasses.replace(choice, chosen=choice.hybrid)
+    return whole, choice
 
 
 def _replica_shapes(symbol: mx.sym.Symbol, contexts: Sequence[mx.Context], replicas: int,

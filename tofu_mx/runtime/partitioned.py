@@ -122,7 +122,7 @@ class MachineChoice:
                 f"{format_bytes(c.peak)}{'' if c.fits else ' (does not fit)'}"
                 for c in self.candidates if c is not self.chosen]
         for other in (self.data_parallel, self.hybrid):
-            if other is not None:
+            if other is not None and other is not self.chosen:
                 out.append(f"  for comparison, not a partition: {other.label}, "
                            f"{other.step * 1e3:,.1f} ms, {format_bytes(other.peak)}"
                            f"{'' if other.fits else ' (does not fit)'}")

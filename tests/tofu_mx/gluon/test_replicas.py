@@ -254,6 +254,11 @@ def test_auto_takes_the_hybrid_only_where_machine_predicts_it_fastest(monkeypatc
         warnings.simplefilter("always")
         pnet = tg.partition(mlp(), devices(4), **kwargs)
     assert isinstance(pnet.machine_choice.hybrid, Candidate)
+    assert pnet.machine_choice.chosen is pnet.machine_choice.hybrid
+    assert pnet.machine_choice.fastest_elsewhere is None
+    assert pnet.machine_choice.lines()[0].startswith(
+        "chosen for two pairs by simulated step time (the fastest that fits its memory): "
+        "data parallelism across 2 groups of 2 devices, Tofu inside each")
     assert len(pnet.replicas) == 2 and pnet.partitioned.contexts == devices(2)
     assert pnet.partitioned.machine_choice is not None
     assert not [w for w in caught if issubclass(w.category, tofu_mx.DataParallelFasterWarning)]
