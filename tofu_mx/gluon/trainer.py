@@ -15,10 +15,11 @@ workers together for the update one process would make on that whole batch.
 A block made with ``replicas=`` (data parallel across groups of devices, Tofu inside each)
 keeps a copy of every shard in each group: each shard's gradient is summed over the groups
 (queued behind the backward pass, as above; with several workers, then over the workers),
-then every group applies the same update to its copy, with its own optimizer state. The sum is reduced on one group's device and copied back
-to the others, the reducing group taking turns over the shards: from each device to its
-peers, never through one device. (MXNet's ``device`` kvstore would reduce every key on the
-devices of its first key: all shards through two GPUs, whose merge buffers would hold them.)
+then every group applies the same update to its copy, with its own optimizer state. A sum
+is reduced on one group's copy and copied back to the others, the groups taking turns over
+the shards: each device exchanges with its peers, never through one device. (MXNet's
+``device`` kvstore would reduce every key on the devices of its first key: all shards
+through two GPUs, whose merge buffers would hold them.)
 
 ``save_states`` writes the file ``gluon.Trainer.save_states`` writes for the unpartitioned
 block (states whole, keyed by the parameter's index in ``sorted(block.collect_params())``, as
