@@ -65,6 +65,21 @@ def assert_same_params(pnet, net, tmp_path):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-7, atol=1e-9 * scale, err_msg=k)
 
 
+def assert_same_states(trainer, ref_trainer, tmp_path, rtol, atol) -> tuple[str, str]:
+    """Both trainers' states files (written to ``tmp_path``) hold the same states and update
+    counts; returns their paths (ours, Gluon's)."""
+    ours, theirs = str(tmp_path / "ours.states"), str(tmp_path / "theirs.states")
+    trainer.save_states(ours)
+    ref_trainer.save_states(theirs)
+    a, b = (pickle.loads(open(p, "rb").read()) for p in (ours, theirs))
+    assert sorted(a[0]) == sorted(b[0])
+    assert a[1]._index_update_count == b[1]._index_update_count
+    for i in b[0]:
+        for x_, y_ in zip(a[0][i], b[0][i]):
+            np.testing.assert_allclose(x_.asnumpy(), y_.asnumpy(), rtol=rtol, atol=atol)
+    return ours, theirs
+
+
 @pytest.mark.parametrize("k", [2, 4])
 def test_sgd_momentum_through_step_matches_gluon(k, tmp_path):
     ref, net = zoo_net(), zoo_net()
@@ -160,15 +175,7 @@ def test_trainer_states_load_into_gluon_and_back_at_another_device_count(tmp_pat
         pnet.step(x, y)
         trainer.step(B)
         gluon_step(ref, ref_trainer, x, y)
-    ours, theirs = str(tmp_path / "ours.states"), str(tmp_path / "theirs.states")
-    trainer.save_states(ours)
-    ref_trainer.save_states(theirs)
-    a, b = (pickle.loads(open(p, "rb").read()) for p in (ours, theirs))
-    assert sorted(a[0]) == sorted(b[0])
-    assert a[1]._index_update_count == b[1]._index_update_count
-    for i in b[0]:
-        for x_, y_ in zip(a[0][i], b[0][i]):
-            np.testing.assert_allclose(x_.asnumpy(), y_.asnumpy(), rtol=1e-7, atol=1e-12)
+    ours, theirs = assert_same_states(trainer, ref_trainer, tmp_path, rtol=1e-7, atol=1e-12)
     # our states into a plain Gluon trainer, Gluon's into a partition over 2 devices:
     # both continue as the reference does
     params = str(tmp_path / "model.params")

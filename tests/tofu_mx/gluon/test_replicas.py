@@ -3,7 +3,6 @@ Tofu inside each. Judged in float64 against Gluon's own data parallelism over G 
 (the same rows per group, BatchNorm over each group's rows), and on a net without
 BatchNorm against one device on the whole batch."""
 import dataclasses
-import pickle
 import warnings
 
 import mxnet as mx
@@ -14,7 +13,8 @@ from mxnet.gluon import nn
 
 import tofu_mx
 import tofu_mx.gluon as tg
-from tests.tofu_mx.gluon.test_gluon import B, LOSS, SIZE, assert_same_params, batch, devices, zoo_net
+from tests.tofu_mx.gluon.test_gluon import (B, LOSS, SIZE, assert_same_params, assert_same_states,
+                                            batch, devices, zoo_net)
 
 
 def gluon_data_parallel(net, trainer, x, y, groups):
@@ -72,48 +72,58 @@ def test_zoo_net_trains_as_gluons_data_parallelism(k, groups, tmp_path):
     assert any(not np.array_equal(moving[0][n], moving[1][n]) for n in moving[0])
 
 
-def mlp():
+def mlp(dtype="float64"):
     net = nn.HybridSequential(prefix="mlp_")
     with net.name_scope():
-        net.add(nn.Dense(64, activation="tanh", in_units=20), nn.Dense(48, activation="relu", in_units=64),
-                nn.Dense(10, in_units=48))
+        net.add(nn.Dense(64, activation="tanh", in_units=20),
+                nn.Dense(48, activation="relu", in_units=64), nn.Dense(10, in_units=48))
     net.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
-    net.cast("float64")
+    net.cast(dtype)
     return net
+
+
+def twin_mlps(dtype="float64"):
+    """Two MLPs holding the same values: the reference and the one to partition."""
+    ref, net = mlp(dtype), mlp(dtype)
+    for p, q in zip(ref.collect_params().values(), net.collect_params().values()):
+        q.set_data(p.data())
+    return ref, net
+
+
+def rows(rng, n=12, dtype="float64"):
+    """A batch of ``n`` random rows of the MLP's input and labels."""
+    return (mx.nd.array(rng.standard_normal((n, 20)), dtype=dtype),
+            mx.nd.array(rng.integers(0, 10, n), dtype=dtype))
+
+
+def one_device(net, x, y, trainer=None):
+    """Forward and backward of plain Gluon on one device (and ``trainer.step``); the
+    per-sample losses."""
+    with autograd.record():
+        losses = LOSS(net(x), y)
+    losses.backward()
+    if trainer is not None:
+        trainer.step(x.shape[0])
+    return losses
 
 
 def test_without_batchnorm_it_trains_as_one_device_on_the_whole_batch(tmp_path):
     """No BatchNorm: the groups' summed gradients are the whole batch's, so Adam over 2
     groups of 2 devices steps as one device does on the joined batch; and the states file
     is Gluon's (one state per parameter), which loads back into every group."""
-    mx.random.seed(1)
-    ref, net = mlp(), mlp()
-    for p, q in zip(ref.collect_params().values(), net.collect_params().values()):
-        q.set_data(p.data())
+    ref, net = twin_mlps()
     pnet = tg.partition(net, devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2)
     trainer = tg.Trainer(pnet, "adam", {"learning_rate": 0.01})
     ref_trainer = gluon.Trainer(ref.collect_params(), "adam", {"learning_rate": 0.01})
     rng = np.random.default_rng(0)
     for step in range(3):
-        x = mx.nd.array(rng.standard_normal((12, 20)), dtype="float64")
-        y = mx.nd.array(rng.integers(0, 10, 12), dtype="float64")
+        x, y = rows(rng)
         loss = pnet.step(x, y)
         trainer.step(12)
-        with autograd.record():
-            want = LOSS(ref(x), y)
-        want.backward()
-        ref_trainer.step(12)
+        want = one_device(ref, x, y, ref_trainer)
         np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-9, atol=1e-12)
     assert_same_params(pnet, ref, tmp_path)
-    ours, theirs = str(tmp_path / "ours.states"), str(tmp_path / "theirs.states")
-    trainer.save_states(ours)
-    ref_trainer.save_states(theirs)
-    a, b = (pickle.loads(open(p, "rb").read()) for p in (ours, theirs))
-    assert sorted(a[0]) == sorted(b[0])
-    assert a[1]._index_update_count == b[1]._index_update_count
-    for i in b[0]:
-        for x_, y_ in zip(a[0][i], b[0][i]):
-            np.testing.assert_allclose(x_.asnumpy(), y_.asnumpy(), rtol=1e-9, atol=1e-15)
+    _, theirs = assert_same_states(trainer, ref_trainer, tmp_path, rtol=1e-9, atol=1e-15)
     # Gluon's states into a fresh two-group trainer: it continues as the reference does
     again = tg.partition(mlp(), devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2)
     path = str(tmp_path / "model.params")
@@ -121,14 +131,10 @@ def test_without_batchnorm_it_trains_as_one_device_on_the_whole_batch(tmp_path):
     again.load_parameters(path)
     again_trainer = tg.Trainer(again, "adam", {"learning_rate": 0.01})
     again_trainer.load_states(theirs)
-    x = mx.nd.array(rng.standard_normal((12, 20)), dtype="float64")
-    y = mx.nd.array(rng.integers(0, 10, 12), dtype="float64")
+    x, y = rows(rng)
     again.step(x, y)
     again_trainer.step(12)
-    with autograd.record():
-        want = LOSS(ref(x), y)
-    want.backward()
-    ref_trainer.step(12)
+    one_device(ref, x, y, ref_trainer)
     assert_same_params(again, ref, tmp_path)
 
 
@@ -182,9 +188,7 @@ def test_bad_replicas_are_refused_with_what_to_do():
 def test_grad_req_add_and_frozen_parameters_in_groups(tmp_path):
     """grad_req='add' over two micro-batches (zero_grad between steps) with the first
     layer's weight frozen, in 2 groups of 2 devices: as one device on the whole batches."""
-    ref, net = mlp(), mlp()
-    for p, q in zip(ref.collect_params().values(), net.collect_params().values()):
-        q.set_data(p.data())
+    ref, net = twin_mlps()
     for n in (ref, net):
         n.collect_params().setattr("grad_req", "add")
         n[0].weight.grad_req = "null"
@@ -196,14 +200,11 @@ def test_grad_req_add_and_frozen_parameters_in_groups(tmp_path):
     rng = np.random.default_rng(3)
     for step in range(3):
         for micro in range(2):
-            x = mx.nd.array(rng.standard_normal((8, 20)), dtype="float64")
-            y = mx.nd.array(rng.integers(0, 10, 8), dtype="float64")
+            x, y = rows(rng, 8)
             with autograd.record():
                 loss = pnet(x, y)
             loss.backward()
-            with autograd.record():
-                want = LOSS(ref(x), y)
-            want.backward()
+            want = one_device(ref, x, y)
             np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-9, atol=1e-12)
         trainer.step(16)
         ref_trainer.step(16)
@@ -269,24 +270,16 @@ def test_auto_takes_the_hybrid_only_where_machine_predicts_it_fastest(monkeypatc
 def test_float32_groups_train_as_float32_gluon_does(tmp_path):
     """The float32 path (what users run): two steps in 2 groups of 2 against one device's
     float32 Gluon; the two differ only in summation order (judged at float32's rounding)."""
-    ref, net = mlp(), mlp()
-    for n in (ref, net):
-        n.cast("float32")
-    for p, q in zip(ref.collect_params().values(), net.collect_params().values()):
-        q.set_data(p.data())
+    ref, net = twin_mlps("float32")
     pnet = tg.partition(net, devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2)
     trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1})
     ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", {"learning_rate": 0.1})
     rng = np.random.default_rng(5)
     for step in range(2):
-        x = mx.nd.array(rng.standard_normal((12, 20)), dtype="float32")
-        y = mx.nd.array(rng.integers(0, 10, 12), dtype="float32")
+        x, y = rows(rng, dtype="float32")
         loss = pnet.step(x, y)
         trainer.step(12)
-        with autograd.record():
-            want = LOSS(ref(x), y)
-        want.backward()
-        ref_trainer.step(12)
+        want = one_device(ref, x, y, ref_trainer)
         assert loss.dtype == np.float32
         np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
     path = str(tmp_path / "f32.params")
