@@ -304,3 +304,28 @@ def test_machines_advice_points_at_the_callers_line():
                      machine="8xV100-16GB-PCIe")
     advice = [w for w in caught if issubclass(w.category, tofu_mx.DataParallelFasterWarning)]
     assert advice and all(w.filename == __file__ for w in advice)
+
+
+def test_outputs_without_a_loss_take_their_head_gradients_by_group():
+    """Partitioned without a loss, in 2 groups of 3 devices: pnet(x) returns the groups'
+    outputs joined; a loss applied outside hands each group its rows' head gradients (a
+    weighted loss, so they differ per row), and a prediction outside autograd is joined too."""
+    ref, net = twin_mlps()
+    pnet = tg.partition(net, devices(6), data=(12, 20), replicas=2)
+    trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1})
+    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", {"learning_rate": 0.1})
+    rng = np.random.default_rng(7)
+    weights = mx.nd.array(np.arange(1, 13).reshape(12, 1), dtype="float64")
+    for step in range(2):
+        x, y = rows(rng)
+        with autograd.record():
+            loss = LOSS(pnet(x), y, weights)
+        loss.backward()
+        trainer.step(12)
+        with autograd.record():
+            want = LOSS(ref(x), y, weights)
+        want.backward()
+        ref_trainer.step(12)
+        np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-9, atol=1e-12)
+    x, _ = rows(rng)
+    np.testing.assert_allclose(pnet(x).asnumpy(), ref(x).asnumpy(), rtol=1e-9, atol=1e-12)
