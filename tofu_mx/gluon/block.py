@@ -641,6 +641,24 @@ class PartitionedBlock(gluon.Block):
                     rows[index[grad.context]]["gradients"] += size
         return rows
 
+    def report(self, max_rows: int = 20) -> str:
+        """The partition's :meth:`~PartitionedSymbol.report`; with ``replicas=``, the groups
+        first, and with ``replicas='auto'`` what ``machine=`` weighed over all the
+        devices."""
+        lines = []
+        if len(self.replicas) > 1:
+            batch = self.partitioned.graph.node(self.data_names[0]).outputs[0].shape[0]
+            lines.append(f"data parallel across {len(self.replicas)} groups of "
+                         f"{len(self.partitioned.contexts)} devices "
+                         f"({'; '.join(', '.join(map(str, r.contexts)) for r in self.replicas)})"
+                         f", each running the partition below on {batch} samples of the batch")
+        lines.append(self.partitioned.report(max_rows))
+        if self.machine_choice is not None and \
+                self.machine_choice is not self.partitioned.machine_choice:
+            lines.append(f"over all {len(self.contexts)} devices:")
+            lines.extend(self.machine_choice.lines())
+        return "\n".join(lines)
+
     def __repr__(self) -> str:
         groups = f" in {len(self.replicas)} data-parallel groups" if len(self.replicas) > 1 \
             else ""

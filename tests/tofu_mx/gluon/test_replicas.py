@@ -257,6 +257,10 @@ def test_auto_takes_the_hybrid_only_where_machine_predicts_it_fastest(monkeypatc
     assert isinstance(pnet.machine_choice.hybrid, Candidate)
     assert pnet.machine_choice.chosen is pnet.machine_choice.hybrid
     assert pnet.machine_choice.fastest_elsewhere is None
+    report = pnet.report()
+    assert report.startswith("data parallel across 2 groups of 2 devices (cpu(0), cpu(1); "
+                             "cpu(2), cpu(3)), each running the partition below on 6 samples")
+    assert "over all 4 devices:\nchosen for two pairs" in report
     assert pnet.machine_choice.lines()[0].startswith(
         "chosen for two pairs by simulated step time (the fastest that fits its memory): "
         "data parallelism across 2 groups of 2 devices, Tofu inside each")
