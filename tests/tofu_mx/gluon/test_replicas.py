@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 from mxnet.gluon import nn
+from mxnet.gluon.model_zoo import vision
 
 import tofu_mx
 import tofu_mx.gluon as tg
 from tests.tofu_mx.gluon.test_gluon import (B, LOSS, SIZE, assert_same_params, assert_same_states,
                                             batch, devices, zoo_net)
+from tests.tofu_mx.runtime.test_partition_models import ZOO
 
 
 def gluon_data_parallel(net, trainer, x, y, groups):
@@ -333,3 +335,56 @@ def test_outputs_without_a_loss_take_their_head_gradients_by_group():
         np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-9, atol=1e-12)
     x, _ = rows(rng)
     np.testing.assert_allclose(pnet(x).asnumpy(), ref(x).asnumpy(), rtol=1e-9, atol=1e-12)
+
+
+def no_dropout(net):
+    """Dropout's masks are random: switched off (rate 0) in every Dropout of ``net``."""
+    for child in net._children.values():
+        if isinstance(child, nn.Dropout):
+            child._rate = 0.0
+        no_dropout(child)
+    return net
+
+
+def zoo_pair(name, size, seed=0):
+    """The model-zoo net ``name`` (10 classes, float64) twice, with the same values: the
+    reference and the one to partition."""
+    nets = []
+    for _ in range(2):
+        mx.random.seed(seed)
+        with mx.name.NameManager():
+            net = vision.get_model(name, classes=10)
+        net.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
+        net.cast("float64")
+        net(mx.nd.zeros((1, 3, size, size), dtype="float64"))
+        nets.append(no_dropout(net))
+    return nets
+
+
+@pytest.mark.parametrize("name,k,groups", [
+    pytest.param(name, k, groups, marks=() if (name, k) == ("mobilenet1.0", 8) else
+                 pytest.mark.slow)
+    for name in ZOO for k, groups in [(4, 2), (6, 2), (8, 4)]])
+def test_the_zoo_in_groups_trains_as_gluons_data_parallelism(name, k, groups, tmp_path):
+    """Every model-zoo net of the partition tests, in 2 groups of 2 or 3 devices or 4 of 2,
+    8 samples a group at twice the partition tests' image size (so that the last BatchNorms
+    see 32 values a channel: over 4 values, float64 rounding grows past the comparison's
+    1e-9), two SGD steps: as Gluon's data parallelism over ``groups`` devices."""
+    size = 2 * ZOO[name]
+    ref, net = zoo_pair(name, size)
+    ref.collect_params().reset_ctx([mx.cpu(i) for i in range(groups)])
+    batch_ = 8 * groups
+    pnet = tg.partition(net, devices(k), loss=LOSS, data=(batch_, 3, size, size),
+                        label=(batch_,), replicas=groups)
+    opts = {"learning_rate": 0.01, "momentum": 0.9}
+    trainer = tg.Trainer(pnet, "sgd", opts)
+    ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", dict(opts))
+    rng = np.random.default_rng(11)
+    for step in range(2):
+        x = mx.nd.array(rng.standard_normal((batch_, 3, size, size)), dtype="float64")
+        y = mx.nd.array(rng.integers(0, 10, batch_), dtype="float64")
+        loss = pnet.step(x, y)
+        trainer.step(batch_)
+        want = gluon_data_parallel(ref, ref_trainer, x, y, groups)
+        np.testing.assert_allclose(loss.asnumpy(), want, rtol=1e-7, atol=1e-10)
+    assert_same_params(pnet, ref, tmp_path)
