@@ -337,28 +337,34 @@ def test_outputs_without_a_loss_take_their_head_gradients_by_group():
     np.testing.assert_allclose(pnet(x).asnumpy(), ref(x).asnumpy(), rtol=1e-9, atol=1e-12)
 
 
-def no_dropout(net):
-    """Dropout's masks are random: switched off (rate 0) in every Dropout of ``net``."""
+def blocks(net):
+    """``net`` and every block inside it."""
+    yield net
     for child in net._children.values():
-        if isinstance(child, nn.Dropout):
-            child._rate = 0.0
-        no_dropout(child)
-    return net
+        yield from blocks(child)
 
 
-def zoo_pair(name, size, seed=0):
-    """The model-zoo net ``name`` (10 classes, float64) twice, with the same values: the
-    reference and the one to partition."""
-    nets = []
+def zoo_pair(name, seed=0):
+    """The model-zoo net ``name`` (10 classes, float64) twice, with the same values (the
+    reference and the one to partition), Dropout switched off (its masks are random), and
+    the image size: the partition tests' (``ZOO``), twice that for nets with BatchNorm (so
+    that their last BatchNorms see 32 values a channel, not 8: over a few values, float64
+    rounding grows past the comparison's 1e-9)."""
+    nets, size = [], ZOO[name]
     for _ in range(2):
         mx.random.seed(seed)
         with mx.name.NameManager():
             net = vision.get_model(name, classes=10)
+        for block in blocks(net):
+            if isinstance(block, nn.Dropout):
+                block._rate = 0.0
+            if isinstance(block, nn.BatchNorm):
+                size = 2 * ZOO[name]
         net.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
         net.cast("float64")
         net(mx.nd.zeros((1, 3, size, size), dtype="float64"))
-        nets.append(no_dropout(net))
-    return nets
+        nets.append(net)
+    return nets[0], nets[1], size
 
 
 @pytest.mark.parametrize("name,k,groups", [
@@ -367,11 +373,9 @@ def zoo_pair(name, size, seed=0):
     for name in ZOO for k, groups in [(4, 2), (6, 2), (8, 4)]])
 def test_the_zoo_in_groups_trains_as_gluons_data_parallelism(name, k, groups, tmp_path):
     """Every model-zoo net of the partition tests, in 2 groups of 2 or 3 devices or 4 of 2,
-    8 samples a group at twice the partition tests' image size (so that the last BatchNorms
-    see 32 values a channel: over 4 values, float64 rounding grows past the comparison's
-    1e-9), two SGD steps: as Gluon's data parallelism over ``groups`` devices."""
-    size = 2 * ZOO[name]
-    ref, net = zoo_pair(name, size)
+    8 samples a group (images as :func:`zoo_pair` says), two SGD steps: as Gluon's data
+    parallelism over ``groups`` devices."""
+    ref, net, size = zoo_pair(name)
     ref.collect_params().reset_ctx([mx.cpu(i) for i in range(groups)])
     batch_ = 8 * groups
     pnet = tg.partition(net, devices(k), loss=LOSS, data=(batch_, 3, size, size),
