@@ -15,7 +15,9 @@ counters start empty):
 - **accounted**: :meth:`PartitionedSymbol.memory_per_device` (weights, gradients, aux,
   inputs, kept activations; not conversions, copies or workspace), the busiest device;
 - **planned**: :meth:`PartitionedSymbol.planned_memory` (MXNet's memory plan of the step,
-  :func:`tofu_mx.sim.memory.peak_memory`), the busiest device.
+  :func:`tofu_mx.sim.memory.peak_memory`), the busiest device;
+- **as pieces**: MXNet's peak again with ``partition(..., join_outputs=False)`` (each output
+  returned as its devices' pieces, not joined whole on device 0).
 
 MXNet numbers its profiler's CPU devices by ``omp_get_num_procs()``: on a machine with P
 cores, ``cpu(P)`` and ``cpu(P+1)`` are counted under its ``cpu pinned/`` and
@@ -51,13 +53,13 @@ import json, os, sys
 import mxnet as mx, numpy as np
 import tofu_mx
 from tofu_mx import models
-k, trace = int(sys.argv[1]), sys.argv[2]
+k, trace, join = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "joined"
 sym, shapes = {model}, {shapes}
 mx.profiler.set_config(profile_memory=True, profile_symbolic=False,
                        profile_imperative=False, aggregate_stats=False, filename=trace)
 accounted = predicted = None
 if k:
-    ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
+    ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], join_outputs=join, **shapes)
     accounted = [m.total for m in ptd.memory_per_device()]
     predicted = list(ptd.planned_memory())
     names = {{n.name for n in ptd.graph.variables("param")}}
@@ -103,17 +105,18 @@ def device_names(k: int) -> list[str]:
     return [f"cpu/{i}" if i < procs else extra[i - procs] for i in range(k)]
 
 
-def measure(model: str, shapes: str, k: int
+def measure(model: str, shapes: str, k: int, join: bool = True
             ) -> tuple[list[int], list[int] | None, list[int] | None]:
     """(MXNet's peak per device, the accounted bytes per device, the simulator's peak per
-    device) of one child run."""
+    device) of one child run (``join``: the outputs joined whole on device 0)."""
     with tempfile.TemporaryDirectory() as folder:
         trace = os.path.join(folder, "trace.json")
         code = CHILD.format(model=model, shapes=shapes)
         env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(
             os.path.abspath(__file__))))
         env.pop("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", None)     # MXNet's default in both
-        done = subprocess.run([sys.executable, "-c", code, str(k), trace], env=env,
+        done = subprocess.run([sys.executable, "-c", code, str(k), trace,
+                               "joined" if join else "pieces"], env=env,
                               capture_output=True, text=True, check=True)
         said = json.loads(done.stdout.strip().splitlines()[-1])
         found = peaks(trace)
@@ -130,17 +133,23 @@ def main():
         (one,), _, _ = measure(model, shapes, 0)
         for k in counts:
             got, accounted, predicted = measure(model, shapes, k)
+            pieces, _, planned = measure(model, shapes, k, join=False)
             ideal = one / k
             busiest = max(range(k), key=lambda d: got[d])
             row = [label, k, f"{one / 2**20:.1f}", " / ".join(f"{g / 2**20:.1f}" for g in got),
                    f"{got[busiest] / ideal:.2f}", f"{max(accounted) / ideal:.2f}",
                    f"{got[busiest] / accounted[busiest]:.2f}",
-                   f"{got[busiest] / predicted[busiest]:.2f}"]
+                   f"{got[busiest] / predicted[busiest]:.2f}",
+                   " / ".join(f"{g / 2**20:.1f}" for g in pieces),
+                   f"{max(pieces) / ideal:.2f}",
+                   f"{max(pieces) / planned[max(range(k), key=lambda d: pieces[d])]:.2f}"]
             rows.append(row)
             print(" | ".join(map(str, row)), flush=True)
     head = ["model", "k", "one device, MiB", "MXNet's peak per device, MiB",
             "busiest / ideal (MXNet)", "busiest / ideal (accounted)",
-            "MXNet / accounted (busiest)", "MXNet / planned_memory() (busiest)"]
+            "MXNet / accounted (busiest)", "MXNet / planned_memory() (busiest)",
+            "as pieces: MXNet's peak per device, MiB", "as pieces: busiest / ideal (MXNet)",
+            "as pieces: MXNet / planned_memory() (busiest)"]
     text = table(head, rows)
     write_out("memory_mxnet.md", text + "\n")
     print(text)

@@ -36,7 +36,10 @@ backwards (so a share nobody reads is never made):
   which would be held).
 
 The graph's outputs are joined whole on device 0, so the partitioned graph has the
-original's outputs and shapes. Every step records what it was built for (an
+original's outputs and shapes; or (``route(..., join_outputs=False)``) each output is
+returned as the pieces the plan stores it in, each on a device storing it
+(:attr:`Program.pieces` says which part of which output each is), so that no device holds a
+whole output it would not hold otherwise. Every step records what it was built for (an
 :class:`Account`): the bytes crossing devices into it are booked there.
 """
 from __future__ import annotations
@@ -193,14 +196,20 @@ class Crossing:
 @dataclass(frozen=True)
 class Program:
     """Every step of the partitioned graph in the order it was built (inputs first), its
-    outputs (``heads``, on device 0), and per operator of the graph the devices running a
-    share of it (``placement``; an operator whose outputs are regions of its input, which
-    no step runs, included)."""
+    outputs (``heads``: the graph's outputs whole, on device 0, or with ``pieces`` their
+    stored pieces), and per operator of the graph the devices running a share of it
+    (``placement``; an operator whose outputs are regions of its input, which no step runs,
+    included)."""
 
     steps: tuple[Step, ...]
     heads: tuple[Ref, ...]
     num_devices: int
     placement: Mapping[int, tuple[int, ...]]
+    #: for each head, ``(output, box)``: which of the graph's outputs it is a piece of, and
+    #: the piece's box; empty where every head is the graph's output of its position, whole
+    pieces: tuple[tuple[int, Box], ...] = ()
+    #: the devices of one group a value crossing groups is sent to once (0: not routed so)
+    group_size: int = 0
 
     @property
     def shards(self) -> tuple[VarShard, ...]:
@@ -606,25 +615,35 @@ class _Route:
                         f"{self.graph.nodes[t[0]].name} do not tile {box}")
 
     # --- the whole graph --------------------------------------------------------------------
-    def run(self) -> Program:
-        heads = []
+    def run(self, join: bool = True) -> Program:
+        """The program; ``join``: each output whole on device 0, else its stored pieces, each
+        on the first device storing it."""
+        heads, pieces = [], []
         for k, entry in enumerate(self.graph.heads):
-            shape = self.graph.tensor(entry).shape
-            heads.append(self.region((entry.node, entry.index), tuple((0, n - 1) for n in shape),
-                                     0, None, Account(Purpose.OUTPUT, k)))
-        heads = self.keep_unread_cells(heads, live_steps(self.steps, heads))
+            t, shape = (entry.node, entry.index), self.graph.tensor(entry).shape
+            account = Account(Purpose.OUTPUT, k)
+            if join:
+                heads.append(self.region(t, tuple((0, n - 1) for n in shape), 0, None, account))
+                continue
+            for box, holders in self.cells(t).items():
+                heads.append(self.region(t, box, holders[0], None, account))
+                pieces.append((k, box))
+        heads = self.keep_unread_cells(heads, live_steps(self.steps, heads),
+                                       [k for k, _ in pieces] if pieces else None)
         return without_dead_steps(Program(
             tuple(self.steps), tuple(heads), self.k,
-            {i: tuple(ds) for i, ds in sorted(self.placement.items())}))
+            {i: tuple(ds) for i, ds in sorted(self.placement.items())}, tuple(pieces)))
 
-    def keep_unread_cells(self, heads: list[Ref], live: set[int]) -> list[Ref]:
+    def keep_unread_cells(self, heads: list[Ref], live: set[int],
+                          output_of: list[int] | None = None) -> list[Ref]:
         """Every stored cell of every variable is a variable of the partitioned graph, also
         one no share reads (a constant read in part, as YOLO's offsets through
         ``slice_like``), or only shares whose outputs nothing reads (``live``: the steps the
         heads reach; a device's share of an LSTM's gates holding only the first step's
         unused forget gate): it is stored, trained (its gradient is zero) and saved as the
         rest. MXNet keeps only what the heads reach, so such a cell reaches the first float
-        head as an exact ZERO added to it (MXNet's ``zeros_like`` reads no value)."""
+        head as an exact ZERO added to it (MXNet's ``zeros_like`` reads no value), on device
+        0, or on its device where the heads are pieces (``output_of``: each head's output)."""
         have = {(s.node, s.shard.box) for j, s in enumerate(self.steps)
                 if s.kind is StepKind.VARIABLE and j in live}
         unread = [(i, cell, holders[0]) for i, node in enumerate(self.graph.nodes)
@@ -642,21 +661,22 @@ class _Route:
                             f"replicates them)")
         j = floats[0]
         info = self.graph.tensor(self.graph.heads[j])
+        at = j if output_of is None else output_of.index(j)      # the head added to
+        target = 0 if output_of is None else self.steps[heads[at].step].device
         zeros = []
         for i, cell, device in unread:
             account = Account(Purpose.KEEP, i)
             var = self.variable(i, cell, device, account)
             zero = Ref(self.add(Step(StepKind.ZERO, device, (var,), (Held(None, (), info.dtype),),
                                      account, self.name((i, 0), device))))
-            zeros.append(self.send(zero, 0, account))
+            zeros.append(self.send(zero, target, account))
         account = Account(Purpose.OUTPUT, j)
         scalar = Held(None, (1,) * len(info.shape), info.dtype)
-        total = Ref(self.add(Step(StepKind.TOTAL, 0, tuple(zeros), (scalar,), account,
+        total = Ref(self.add(Step(StepKind.TOTAL, target, tuple(zeros), (scalar,), account,
                                   "unread")))
-        head = self.on_device(heads[j], 0, account)
-        heads[j] = Ref(self.add(Step(StepKind.ADD, 0, (head, total), (self.held(
-            (self.graph.heads[j].node, self.graph.heads[j].index), None),), account,
-            "@with_unread")))
+        head = self.on_device(heads[at], target, account)
+        heads[at] = Ref(self.add(Step(StepKind.ADD, target, (head, total),
+                                      (self.value(head),), account, "@with_unread")))
         return heads
 
 
@@ -692,25 +712,28 @@ def without_dead_steps(program: Program) -> Program:
 
 
 def route(graph: Graph, assignment: Any, cap: int | None = None,
-          group_size: int = 0) -> Program:
+          group_size: int = 0, join_outputs: bool = True) -> Program:
     """The :class:`Program` of ``assignment`` over ``graph`` (see the module docstring),
     its gradient sums of ``cap`` pieces or more made where MXNet's in-place sums are right
     (:func:`bounded_reads`; ``cap``: MXNet's, :func:`inplace_sum_cap`, by default).
     ``group_size``: devices ``0 .. group_size - 1``, then the next ``group_size``, ... share
     a link to the other groups (a PCIe switch's): a value several devices of one group read
-    from another group crosses once (:func:`relayed_reads`); 0: every reader fetches it."""
+    from another group crosses once (:func:`relayed_reads`); 0: every reader fetches it.
+    ``join_outputs``: the graph's outputs whole on device 0, else their stored pieces
+    (:attr:`Program.pieces`)."""
     # routing recurses from the outputs to the inputs, a few frames per operator: a deep
     # network (WResNet-152: about a thousand operators in a chain) needs more than Python's
     # default limit of 1,000 frames
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 10 * len(graph.nodes) + 1000))
     try:
-        program = _Route(graph, assignment).run()
+        program = _Route(graph, assignment).run(join_outputs)
     finally:
         sys.setrecursionlimit(limit)
     if group_size:
-        program = relayed_reads(program, group_size, lambda step: _Route.needs_copy_of(
-            graph, step))
+        program = dataclasses.replace(relayed_reads(program, group_size, lambda step:
+                                                    _Route.needs_copy_of(graph, step)),
+                                      group_size=group_size)
     cap = inplace_sum_cap() if cap is None else cap
     if cap < 3:
         raise TofuError(f"MXNET_EXEC_INPLACE_GRAD_SUM_CAP={cap}: MXNet then adds even two "
@@ -757,8 +780,8 @@ class _Rebuilt:
 
     def result(self) -> Program:
         old = self.program
-        return Program(tuple(self.steps), tuple(self.ref(r) for r in old.heads),
-                       old.num_devices, old.placement)
+        return dataclasses.replace(old, steps=tuple(self.steps),
+                                   heads=tuple(self.ref(r) for r in old.heads))
 
 
 def relayed_reads(program: Program, group_size: int,

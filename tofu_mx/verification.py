@@ -534,9 +534,17 @@ def _run_sharded(sharded: Any, ref_graph: Graph, cand_graph: Graph, ctx0, placem
     ref_req = _grad_req(ref_graph)
     args = set(cand_graph.arg_names)   # a shard no operator reads is not an argument
     grad_req = {s.name: ref_req.get(s.source, "null") for s in sharded.shards if s.name in args}
-    got = _run(cand_graph, ctx0, placement, sharded.split_arrays(values), head_grads,
-               output_names, grad_req, "candidate")
+    pieces = getattr(sharded, "output_pieces", None)    # outputs returned as their pieces
+    names = output_names if pieces is None else [f"{i}" for i in range(len(pieces))]
+    got = _run(cand_graph, ctx0, placement, sharded.split_arrays(values),
+               head_grads if pieces is None else sharded.head_gradients(head_grads),
+               names, grad_req, "candidate")
     out = {k: v for k, v in got.items() if k.startswith("output ")}
+    if pieces is not None:      # joined here, as PartitionedSymbol.join_outputs does
+        wholes = [np.empty(t.shape, t.dtype) for t in ref_graph.output_infos]
+        for i, (k, where) in enumerate(pieces):
+            wholes[k][where] = out[f"output {i}"]
+        out = {f"output {name}": whole for name, whole in zip(output_names, wholes)}
     for prefix in ("grad ", "aux "):
         parts = {k[len(prefix):]: v for k, v in got.items() if k.startswith(prefix)}
         # an array some of whose shards the candidate lacks is left out: reported missing

@@ -223,6 +223,61 @@ class PartitionedSymbol:
             self._pending = None
         return exe
 
+    # --- outputs ----------------------------------------------------------------------------
+    @property
+    def output_pieces(self) -> tuple[tuple[int, tuple[slice, ...]], ...] | None:
+        """Made with ``join_outputs=False``: for each of the bound executor's outputs, which
+        of the original's outputs it is a piece of and where it lies in it (slices); None
+        where the outputs are the original's, whole."""
+        if not self.program.pieces:
+            return None
+        return tuple((k, tuple(slice(lo, hi + 1) for lo, hi in box))
+                     for k, box in self.program.pieces)
+
+    def join_outputs(self, outputs: Sequence[Any], ctx: mx.Context | None = None
+                     ) -> list[mx.nd.NDArray]:
+        """The original's outputs, whole, on ``ctx`` (the first device by default), from
+        the executor's ``outputs`` (pieces with ``join_outputs=False``; else copied)."""
+        ctx = self.contexts[0] if ctx is None else ctx
+        infos = self.graph.output_infos
+        if len(outputs) != len(self.program.pieces or infos):
+            raise InvalidArgumentError(
+                f"join_outputs takes the {len(self.program.pieces or infos)} outputs of the "
+                f"executor (exe.outputs), got {len(outputs)}")
+        if self.output_pieces is None:
+            return [o.copyto(ctx) for o in outputs]
+        wholes = [mx.nd.empty(t.shape, ctx=ctx, dtype=t.dtype) for t in infos]
+        for (k, where), piece in zip(self.output_pieces, outputs):
+            wholes[k][where] = piece.as_in_context(ctx)
+        return wholes
+
+    def head_gradients(self, grads: Sequence[Any]) -> list[Any]:
+        """The executor's head gradients (``exe.backward(out_grads=...)``) from gradients of
+        the original's outputs, whole (NDArrays or NumPy arrays): each piece's part, on the
+        piece's device for NDArrays; ``grads`` as they are where the outputs are whole."""
+        infos = self.graph.output_infos
+        if len(grads) != len(infos):
+            raise InvalidArgumentError(f"head_gradients takes one gradient per output of the "
+                                       f"original ({len(infos)}), got {len(grads)}")
+        if self.output_pieces is None:
+            return list(grads)
+        devices = [self.contexts[self.program.steps[r.step].device] for r in self.program.heads]
+        return [grads[k][where].as_in_context(d) if isinstance(grads[k], mx.nd.NDArray)
+                else np.ascontiguousarray(grads[k][where])
+                for (k, where), d in zip(self.output_pieces, devices)]
+
+    def with_output_pieces(self) -> "PartitionedSymbol":
+        """The same partition (plan, routing, devices) returning each output as the pieces
+        its plan stores it in, on the devices storing them, instead of joining it whole on
+        the first device (:attr:`output_pieces`, :meth:`join_outputs`,
+        :meth:`head_gradients`). Unbound, with no parameters; ``self`` is not changed."""
+        program = route(self.graph, self.assignment, group_size=self.program.group_size,
+                        join_outputs=False)
+        ptd = _rewritten(self.reference, self.graph, self.plan, self.assignment, self.contexts,
+                         program=program)
+        ptd.machine_choice = self.machine_choice
+        return ptd
+
     def placed_on(self, ctx: Sequence[mx.Context]) -> "PartitionedSymbol":
         """The same partition on other devices, as many (``ctx[i]`` runs what
         ``contexts[i]`` ran), unbound, with no parameters: the replicas of a hybrid
@@ -562,7 +617,8 @@ def _check_operators(graph: Graph, plan: Plan, k: int, strict: bool) -> None:
 def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
               memory_budget=None, options: SearchOptions | None = None,
               dtypes: Mapping[str, Any] | None = None, strict: bool = False,
-              check: bool = False, machine=None, **shapes) -> PartitionedSymbol:
+              check: bool = False, machine=None, join_outputs: bool = True,
+              **shapes) -> PartitionedSymbol:
     """Partition ``symbol`` over the devices ``ctx`` (any number, ``mx.cpu(i)`` or
     ``mx.gpu(i)``), for the input ``shapes`` given by name (``data=(32, 3, 224, 224)``).
 
@@ -591,13 +647,21 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     data parallelism's step on the same devices (not a partition: a
     :class:`tofu_mx.DataParallelFasterWarning` where it fits and would be faster).
     Without it, the plan moving the fewest bytes (given ``options``).
+    ``join_outputs=False``: the executor returns each output as the pieces the plan stores
+    it in, on their devices, not joined whole on the first device (which then holds a whole
+    copy of every output: 1.2-1.4x the others' memory on a language model's probabilities);
+    :meth:`PartitionedSymbol.join_outputs` and :meth:`~PartitionedSymbol.head_gradients`
+    convert (:meth:`PartitionedSymbol.with_output_pieces`).
     """
     check = arguments.flag(check, "check")
+    join_outputs = arguments.flag(join_outputs, "join_outputs")
     if machine is not None:
         ptd = choose_by_step_time(symbol, ctx, machine, memory_budget=memory_budget,
                                   options=options, dtypes=dtypes, strict=strict, **shapes)
     else:
         ptd = _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes)
+    if not join_outputs:
+        ptd = ptd.with_output_pieces()
     if check:
         ptd.check()
     return ptd
@@ -917,6 +981,9 @@ def _check_rewrite(ptd: PartitionedSymbol) -> None:
                         f"it with the symbol and shapes") from e
     got = [(t.shape, t.dtype) for t in graph.output_infos]
     want = [(t.shape, t.dtype) for t in ptd.graph.output_infos]
+    if ptd.program.pieces:      # each piece the shape of its box
+        want = [(tuple(hi - lo + 1 for lo, hi in box), want[k][1])
+                for k, box in ptd.program.pieces]
     if got != want:
         raise TofuError(f"internal: the partitioned graph's outputs have shapes and dtypes "
                         f"{got}, the original's {want}")

@@ -15,12 +15,13 @@ def float64(shapes):
 
 
 def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=None,
-                         oracle=None, policy=None, group_size=0, **shapes):
+                         oracle=None, policy=None, group_size=0, pieces=False, **shapes):
     """Partition ``sym`` over k CPU devices and verify it against one device (outputs, every
     gradient, every aux state); returns (PartitionedSymbol, VerificationReport). ``choose``:
     strategies forced (:func:`~tofu_mx.search.baselines.forced`); ``policy``: a baseline's
     plan instead; ``group_size``: routed with each value several devices of a group of that
-    many read sent to the group once (``nnvm_passes.program.relayed_reads``)."""
+    many read sent to the group once (``nnvm_passes.program.relayed_reads``); ``pieces``:
+    the outputs returned as their stored pieces (``PartitionedSymbol.with_output_pieces``)."""
     ctx = [mx.cpu(i) for i in range(k)]
     dtypes = dtypes if dtypes is not None else float64(shapes)
     with warnings.catch_warnings():
@@ -34,6 +35,8 @@ def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=
             ptd = apply_plan(sym, graph, plan, ctx)
         if group_size:
             ptd = _routed(ptd, sym, ctx, group_size)
+        if pieces:
+            ptd = ptd.with_output_pieces()
     report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, arrays=arrays,
                             oracle=oracle, **shapes)
     return ptd, report
