@@ -23,7 +23,7 @@ def compare(ours, perturbed, start=0):
     """``comparison.compare`` on a float64 run of cpu:2 with plain Gluon's curve ``GLUON``, the
     run (resumed at step ``start``) having trained the steps after ``start``."""
     args = common.parser("test", batch_size=8, lr=0.01).parse_args(["--dtype", "float64"])
-    ref = common.Reference("gluon float64", "float64", mx.cpu(0), None, None, GLUON[start:])
+    ref = common.Reference("gluon float64", "float64", [mx.cpu(0)], None, None, GLUON[start:])
     return comparison.compare(args, [0.0] * start + list(ours), start, [ref], perturbed)
 
 
