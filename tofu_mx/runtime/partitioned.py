@@ -273,8 +273,10 @@ class PartitionedSymbol:
         :meth:`head_gradients`). Unbound, with no parameters; ``self`` is not changed."""
         program = route(self.graph, self.assignment, group_size=self.program.group_size,
                         join_outputs=False)
-        ptd = _rewritten(self.reference, self.graph, self.plan, self.assignment, self.contexts,
-                         program=program)
+        with warnings.catch_warnings():       # self's rewrite warned of its fallbacks already
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ptd = _rewritten(self.reference, self.graph, self.plan, self.assignment,
+                             self.contexts, program=program)
         ptd.machine_choice = self.machine_choice
         return ptd
 
@@ -649,7 +651,7 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     Without it, the plan moving the fewest bytes (given ``options``).
     ``join_outputs=False``: the executor returns each output as the pieces the plan stores
     it in, on their devices, not joined whole on the first device (which then holds a whole
-    copy of every output: 1.2-1.4x the others' memory on a language model's probabilities);
+    copy of every output: 1.1-1.3x the others' memory with a language model's probabilities);
     :meth:`PartitionedSymbol.join_outputs` and :meth:`~PartitionedSymbol.head_gradients`
     convert (:meth:`PartitionedSymbol.with_output_pieces`).
     """
