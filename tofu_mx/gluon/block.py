@@ -338,6 +338,9 @@ class PartitionedBlock(gluon.Block):
                  contexts: Sequence[mx.Context] | None = None,
                  choice: MachineChoice | None = None):
         super().__init__(prefix=block.prefix + "tofu_")
+        # its outputs as their pieces, on the devices storing them: this block joins them
+        # itself (no device holds a whole output for the executor's sake)
+        ptd = ptd if ptd.output_pieces is not None else ptd.with_output_pieces()
         self.partitioned = ptd
         #: with ``machine=``: what was weighed over all the devices and chosen
         #: (``replicas='auto'``), else the partition's own choice
@@ -553,12 +556,13 @@ class PartitionedBlock(gluon.Block):
                         arrays[s.name][:] = np.asarray(part)
 
     def _outputs(self) -> list[mx.nd.NDArray]:
-        """Copies of the outputs, each group's joined along the batch (on the first
-        group's output device)."""
-        if len(self._exes) == 1:
-            return [o.copy() for o in self._exes[0].outputs]
-        return [mx.nd.concat(*[o.as_in_context(parts[0].context) for o in parts], dim=0)
-                for parts in zip(*(e.outputs for e in self._exes))]
+        """The outputs, joined from their pieces, each group's along the batch, on the
+        first device."""
+        ctx = self.contexts[0]
+        joined = [r.join_outputs(e.outputs, ctx) for r, e in zip(self.replicas, self._exes)]
+        if len(joined) == 1:
+            return joined[0]
+        return [mx.nd.concat(*parts, dim=0) for parts in zip(*joined)]
 
     def step(self, *arrays) -> mx.nd.NDArray:
         """Forward and backward once (training mode) with head gradients of 1; returns the
@@ -690,11 +694,12 @@ class _Run(autograd.Function):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def backward(self, *head_grads):
-        exes = self.block._exes
-        for g, exe in enumerate(exes):      # each group its rows of the head gradients
-            exe.backward(out_grads=[
-                (h[g * o.shape[0]:(g + 1) * o.shape[0]] if len(exes) > 1 else h)
-                .as_in_context(o.context) for h, o in zip(head_grads, exe.outputs)])
+        block = self.block
+        for g, (r, exe) in enumerate(zip(block.replicas, block._exes)):
+            rows = [t.shape[0] for t in r.graph.output_infos]       # each group its rows
+            mine = [h[g * n:(g + 1) * n] if len(block.replicas) > 1 else h
+                    for h, n in zip(head_grads, rows)]
+            exe.backward(out_grads=r.head_gradients(mine))
         self.block._fresh = True
         self.block._recorded = False
         # the anchor and the inputs (data, labels) get no gradient

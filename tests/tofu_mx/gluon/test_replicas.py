@@ -314,10 +314,14 @@ def test_machines_advice_points_at_the_callers_line():
 
 def test_outputs_without_a_loss_take_their_head_gradients_by_group():
     """Partitioned without a loss, in 2 groups of 3 devices: pnet(x) returns the groups'
-    outputs joined; a loss applied outside hands each group its rows' head gradients (a
-    weighted loss, so they differ per row), and a prediction outside autograd is joined too."""
+    outputs joined (each from its devices' pieces); a loss applied outside hands each group
+    its rows' head gradients, split into the pieces (a weighted loss, so they differ per
+    row), and a prediction outside autograd is joined too."""
     ref, net = twin_mlps()
     pnet = tg.partition(net, devices(6), data=(12, 20), replicas=2)
+    # the executor returns the output's pieces (batch rows on each device): the block joins
+    pieces = pnet.partitioned.output_pieces
+    assert len(pieces) == 3 and all(k == 0 for k, _ in pieces)
     trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1})
     ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", {"learning_rate": 0.1})
     rng = np.random.default_rng(7)
