@@ -556,6 +556,10 @@ class PartitionedSymbol:
         lines.append(f"operators per device (with the copies MXNet inserts): "
                      f"{', '.join(f'{n:,}' for n in self.operators_per_device())}; the graph "
                      f"partitioned has {original:,}")
+        if self.output_pieces is not None:
+            lines.append(f"outputs returned as the pieces the plan stores "
+                         f"(join_outputs=False): {len(self.output_pieces)} piece(s) of "
+                         f"{len(self.graph.output_infos)} output(s); join_outputs() joins them")
         lines.append(f"memory per device as MXNet plans the step (planned_memory(), "
                      f"without optimizer state): "
                      f"{', '.join(format_bytes(b) for b in self.planned_memory())}")

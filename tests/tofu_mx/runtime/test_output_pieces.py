@@ -79,6 +79,8 @@ def test_device_0_no_longer_holds_the_whole_output():
         joined = tofu_mx.partition(sym, devices(4), **shapes)
     pieces = joined.with_output_pieces()
     assert joined.output_pieces is None and pieces.output_pieces is not None
+    assert "outputs returned as the pieces the plan stores (join_outputs=False): 4 piece(s) " \
+        "of 1 output(s)" in pieces.report() and "join_outputs=False" not in joined.report()
     probabilities = 8 * 16 * 2000 * 4
     before, after = joined.planned_memory(), pieces.planned_memory()
     assert before[0] - after[0] >= probabilities // 2
