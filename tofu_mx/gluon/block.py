@@ -218,6 +218,14 @@ def _replica_shapes(symbol: mx.sym.Symbol, contexts: Sequence[mx.Context], repli
             f"replicas={replicas} must divide the {k} devices of ctx into groups of two or "
             f"more (each group partitions the block); e.g. replicas=2 with 4 or 8 devices, or "
             f"replicas=1 to partition over all of them")
+    batch = next(iter(shape_of.values()))[0]
+    other = {n: s for n, s in shape_of.items() if s[0] != batch}
+    if other:
+        raise InvalidArgumentError(
+            f"replicas={replicas} splits every input along its first axis, the batch "
+            f"({batch} in {next(iter(shape_of))}), but "
+            f"{', '.join(f'{n} {s}' for n, s in other.items())} has another first axis; give "
+            f"batch-first inputs (begin states as (batch, ...)), or use replicas=1")
     uneven = {n: s for n, s in shape_of.items() if s[0] % replicas}
     if uneven:
         raise InvalidArgumentError(
@@ -232,7 +240,6 @@ def _replica_shapes(symbol: mx.sym.Symbol, contexts: Sequence[mx.Context], repli
         return share
     if whole is None or parts is None:
         return share
-    batch = next(iter(shape_of.values()))[0]
     wrong = [f"{name} {w}" for name, w, p in zip(symbol.list_outputs(), whole, parts)
              if not w or not p or w[0] != p[0] * replicas or w[1:] != p[1:]
              or w[0] != batch]

@@ -180,6 +180,13 @@ def test_bad_replicas_are_refused_with_what_to_do():
             return F.sum(x, axis=0)
     with pytest.raises(tofu_mx.InvalidArgumentError, match="batch .12. as their first axis"):
         tg.partition(Total(), devices(4), data=(12, 20), replicas=2)
+
+    class Stated(gluon.HybridBlock):    # a begin state laid out (layers, batch, hidden)
+        def hybrid_forward(self, F, x, state):
+            return F.broadcast_add(x, F.sum(state, axis=0))
+    with pytest.raises(tofu_mx.InvalidArgumentError,
+                       match=r"data1 \(2, 12, 20\) has another first axis"):
+        tg.partition(Stated(), devices(4), data=[(12, 20), (2, 12, 20)], replicas=2)
     pnet = tg.partition(net, devices(4), loss=LOSS, data=(12, 20), label=(12,), replicas=2)
     with pytest.raises(tofu_mx.InvalidArgumentError, match="partitioned for .12, 20."):
         pnet.step(mx.nd.zeros((6, 20), dtype="float64"), mx.nd.zeros((6,), dtype="float64"))
