@@ -129,9 +129,10 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
       partition on its own devices and its own rows of the batch, with its own copy of the
       parameter shards. :class:`tofu_mx.gluon.Trainer` sums each shard's gradient over the
       groups (each device with its peers) before every group applies the same update, so
-      the copies stay equal. As in Gluon's data parallelism, BatchNorm then normalises each
-      group's rows by their own statistics (not the whole batch's), and each group updates
-      its own moving statistics (the first group's are saved). Every output must have the
+      the copies stay equal. As in Gluon's data parallelism, anything computed across
+      samples sees each group's rows only: BatchNorm normalises each group's rows by their
+      own statistics (not the whole batch's), each group updates its own moving statistics
+      (the first group's are saved), and a loss comparing samples compares a group's. Every output must have the
       batch as its first axis (per-sample losses): the groups' outputs are joined along it.
       ``replicas="auto"`` (with ``machine``): the hybrid over the machine's device groups
       where the simulator predicts it fits and is faster than every partition of all the
