@@ -227,12 +227,10 @@ def _replica_shapes(symbol: mx.sym.Symbol, contexts: Sequence[mx.Context], repli
             f"({batch} in {next(iter(shape_of))}), but "
             f"{', '.join(f'{n} {s}' for n, s in other.items())} has another first axis; give "
             f"batch-first inputs (begin states as (batch, ...)), or use replicas=1")
-    uneven = {n: s for n, s in shape_of.items() if s[0] % replicas}
-    if uneven:
+    if batch % replicas:        # every input's first axis is the batch (above)
         raise InvalidArgumentError(
-            f"replicas={replicas} divides the batch (the first axis) among the groups, but "
-            f"{', '.join(f'{n} {s}' for n, s in uneven.items())} does not divide by "
-            f"{replicas}; use a batch that does")
+            f"replicas={replicas} divides the batch (the first axis of every input) among "
+            f"the groups, but {batch} does not divide by {replicas}; use a batch that does")
     share = {n: (s[0] // replicas,) + s[1:] for n, s in shape_of.items()}
     try:
         _, whole, _ = symbol.infer_shape(**shape_of)

@@ -93,12 +93,14 @@ class Trainer:
         self._by_device: dict[Any, list[int]] = {}
         for i, (_, w, _) in enumerate(self._updated()):
             self._by_device.setdefault(w.context, []).append(i)
+        # where each shard's gradient is summed over the groups: group i % G's copy of
+        # shard i (the first group's gradients without replicas)
+        groups = len(self._copies)
+        self._summed = [self._copies[i % groups][i][2] for i in range(len(self._shards))]
         # with replicas: per (device, dtype), a buffer as large as the largest gradient
         # shard the device sums, which its peers' copies are received in
         sizes: dict[tuple[Any, str], int] = {}
-        groups = len(self._copies)
-        for i in range(len(self._shards) if groups > 1 else 0):
-            total = self._copies[i % groups][i][2]      # where _sum_over_groups sums it
+        for total in self._summed if groups > 1 else ():
             key = (total.context, np.dtype(total.dtype).name)
             sizes[key] = max(sizes.get(key, 0), total.size)
         self._received = {key: mx.nd.empty((n,), ctx=key[0], dtype=key[1])
@@ -188,10 +190,10 @@ class Trainer:
                 "the gradients have not been computed since the last step: call "
                 "pnet.step(x, y), or loss.backward() after pnet(x, y) under autograd.record(), "
                 "before trainer.step (or pass ignore_stale_grad=True)")
-        summed = self._sum_over_groups()
+        self._sum_over_groups()
         if self._collective is not None:
-            self._collective.all_reduce(self._keys, summed)
-        self._share_over_groups(summed)
+            self._collective.all_reduce(self._keys, self._summed)
+        self._share_over_groups()
         self._optimizer.rescale_grad = self._scale / batch_size
         updated = self._updated()
         for ctx, indices in self._by_device.items():
@@ -199,32 +201,29 @@ class Trainer:
                           [updated[i][1] for i in indices])
         self.block._fresh = False
 
-    def _sum_over_groups(self) -> list[mx.nd.NDArray]:
+    def _sum_over_groups(self) -> None:
         """Each shard's gradient summed over the groups (with ``replicas=``), in place in
-        group ``i % G``'s copy of shard ``i`` (each peer's copied into that device's
-        receiving buffer first); returns those copies, by shard (the first group's gradients
-        without replicas). Engine operations, each queued behind the gradients it reads;
-        last shards first, as the backward pass makes them (one receiving buffer per device
-        orders its reductions)."""
+        its copy of :attr:`_summed` (each peer's copied into that device's receiving buffer
+        first). Engine operations, each queued behind the gradients it reads; last shards
+        first, as the backward pass makes them (one receiving buffer per device orders its
+        reductions)."""
         groups = len(self._copies)
-        summed = [self._copies[i % groups][i][2] for i in range(len(self._shards))]
         for i in reversed(range(len(self._shards) if groups > 1 else 0)):
-            total = summed[i]
+            total = self._summed[i]
             buffer = self._received[(total.context, np.dtype(total.dtype).name)]
             received = buffer[:total.size].reshape(total.shape)
             for g, shards in enumerate(self._copies):
                 if g != i % groups:
                     shards[i][2].copyto(received)
                     total += received
-        return summed
 
-    def _share_over_groups(self, summed: list[mx.nd.NDArray]) -> None:
+    def _share_over_groups(self) -> None:
         """Each shard's summed gradient copied to the other groups' copies of the shard."""
         groups = len(self._copies)
         for i in reversed(range(len(self._shards) if groups > 1 else 0)):
             for g, shards in enumerate(self._copies):
                 if g != i % groups:
-                    summed[i].copyto(shards[i][2])
+                    self._summed[i].copyto(shards[i][2])
 
     def _updated(self) -> list[tuple[Any, mx.nd.NDArray, mx.nd.NDArray]]:
         """Every group's shards updated, by the optimizer's index."""
