@@ -540,10 +540,8 @@ def _run_sharded(sharded: Any, ref_graph: Graph, cand_graph: Graph, ctx0, placem
                head_grads if pieces is None else sharded.head_gradients(head_grads),
                names, grad_req, "candidate")
     out = {k: v for k, v in got.items() if k.startswith("output ")}
-    if pieces is not None:      # joined here, as PartitionedSymbol.join_outputs does
-        wholes = [np.empty(t.shape, t.dtype) for t in ref_graph.output_infos]
-        for i, (k, where) in enumerate(pieces):
-            wholes[k][where] = out[f"output {i}"]
+    if pieces is not None:
+        wholes = sharded.join_outputs([out[f"output {i}"] for i in range(len(pieces))])
         out = {f"output {name}": whole for name, whole in zip(output_names, wholes)}
     for prefix in ("grad ", "aux "):
         parts = {k[len(prefix):]: v for k, v in got.items() if k.startswith(prefix)}

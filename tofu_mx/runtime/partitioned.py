@@ -235,20 +235,23 @@ class PartitionedSymbol:
                      for k, box in self.program.pieces)
 
     def join_outputs(self, outputs: Sequence[Any], ctx: mx.Context | None = None
-                     ) -> list[mx.nd.NDArray]:
+                     ) -> list[Any]:
         """The original's outputs, whole, on ``ctx`` (the first device by default), from
-        the executor's ``outputs`` (pieces with ``join_outputs=False``; else copied)."""
+        the executor's ``outputs`` (pieces with ``join_outputs=False``; else copied); NumPy
+        arrays (the outputs read with ``asnumpy()``) join as NumPy arrays."""
         ctx = self.contexts[0] if ctx is None else ctx
         infos = self.graph.output_infos
         if len(outputs) != len(self.program.pieces or infos):
             raise InvalidArgumentError(
                 f"join_outputs takes the {len(self.program.pieces or infos)} outputs of the "
                 f"executor (exe.outputs), got {len(outputs)}")
+        nd = all(isinstance(o, mx.nd.NDArray) for o in outputs)
         if self.output_pieces is None:
-            return [o.copyto(ctx) for o in outputs]
-        wholes = [mx.nd.empty(t.shape, ctx=ctx, dtype=t.dtype) for t in infos]
+            return [o.copyto(ctx) if nd else np.array(o) for o in outputs]
+        wholes = [mx.nd.empty(t.shape, ctx=ctx, dtype=t.dtype) if nd else
+                  np.empty(t.shape, t.dtype) for t in infos]
         for (k, where), piece in zip(self.output_pieces, outputs):
-            wholes[k][where] = piece.as_in_context(ctx)
+            wholes[k][where] = piece.as_in_context(ctx) if nd else piece
         return wholes
 
     def head_gradients(self, grads: Sequence[Any]) -> list[Any]:
