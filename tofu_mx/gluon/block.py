@@ -177,10 +177,11 @@ def partition(block: gluon.HybridBlock, ctx: Sequence[mx.Context] | mx.Context, 
     if choice is not None:      # the hybrid, as simulated: each group machine='s plan for it
         ptd = choose_by_step_time(symbol, group, machine, memory_budget=memory_budget,
                                   options=options, dtypes=dtypes, strict=strict,
-                                  compare=False, **share)
+                                  compare=False, join_outputs=False, **share)
     else:
         ptd = partition_symbol(symbol, group, memory_budget=memory_budget, options=options,
-                               dtypes=dtypes, strict=strict, machine=machine, **share)
+                               dtypes=dtypes, strict=strict, machine=machine,
+                               join_outputs=False, **share)
     return PartitionedBlock(block, ptd, names, "label" if label is not None else None,
                             params, init, contexts, choice)
 
@@ -195,7 +196,7 @@ def _whole_or_hybrid(symbol, contexts, memory_budget, options, dtypes, strict, m
         warnings.simplefilter("always")
         whole = partition_symbol(symbol, contexts, memory_budget=memory_budget,
                                  options=options, dtypes=dtypes, strict=strict,
-                                 machine=machine, **shape_of)
+                                 machine=machine, join_outputs=False, **shape_of)
     choice = whole.machine_choice
     hybrid = choice.hybrid is not None and choice.fastest_elsewhere is choice.hybrid
     for w in caught:

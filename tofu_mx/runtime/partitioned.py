@@ -666,18 +666,18 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     join_outputs = arguments.flag(join_outputs, "join_outputs")
     if machine is not None:
         ptd = choose_by_step_time(symbol, ctx, machine, memory_budget=memory_budget,
-                                  options=options, dtypes=dtypes, strict=strict, **shapes)
+                                  options=options, dtypes=dtypes, strict=strict,
+                                  join_outputs=join_outputs, **shapes)
     else:
-        ptd = _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes)
-    if not join_outputs:
-        ptd = ptd.with_output_pieces()
+        ptd = _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes,
+                         join_outputs)
     if check:
         ptd.check()
     return ptd
 
 
-def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes
-               ) -> PartitionedSymbol:
+def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes,
+               join_outputs: bool = True) -> PartitionedSymbol:
     symbol = check_symbol(symbol, "symbol")
     contexts = check_contexts(ctx)
     options = SearchOptions.of(options)
@@ -690,9 +690,9 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes
     if memory_budget is None:
         plan, assignment = runnable_plan(graph, k, options)
         _check_operators(graph, plan, k, strict)
-        return _built(symbol, whole, graph, plan, assignment, contexts)
+        return _built(symbol, whole, graph, plan, assignment, contexts, join_outputs)
     budgets = budgets_of(memory_budget, k)
-    applied = _Applied(symbol, whole, graph, contexts)
+    applied = _Applied(symbol, whole, graph, contexts, join_outputs)
 
     def measure(weight: float, refetch: bool = False, keep_share: float = 0.0):
         tried = _variant(options, weight, refetch, keep_share)
@@ -713,7 +713,8 @@ STEP_TIME_CANDIDATES = (("converted inputs fetched again for the backward pass",
 def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context,
                         machine, *, memory_budget=None, options: SearchOptions | None = None,
                         dtypes: Mapping[str, Any] | None = None, strict: bool = False,
-                        compare: bool = True, **shapes) -> PartitionedSymbol:
+                        compare: bool = True, join_outputs: bool = True,
+                        **shapes) -> PartitionedSymbol:
     """``partition(..., machine=machine)``: each plan of :data:`STEP_TIME_CANDIDATES` (the
     fewest-bytes plan at ``options`` but for re-fetching; within ``memory_budget`` if
     given), one training step of it simulated on ``machine``
@@ -726,8 +727,10 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
     (:func:`nnvm_passes.program.relayed_reads`: fewer bytes over the links between groups,
     a copy more within the group). With ``compare``, data parallelism and the hybrid on the
     same devices are simulated too (:class:`MachineChoice`), and a
-    :class:`tofu_mx.DataParallelFasterWarning` is raised where one fits and is faster."""
+    :class:`tofu_mx.DataParallelFasterWarning` is raised where one fits and is faster.
+    ``join_outputs``: as :func:`partition`'s (each plan is weighed as it will run)."""
     from tofu_mx import sim
+    join_outputs = arguments.flag(join_outputs, "join_outputs")
     contexts = check_contexts(ctx)
     if isinstance(machine, str):
         machine = sim.machine(machine)
@@ -746,7 +749,7 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
         try:
             ptd = _partition(symbol, contexts, memory_budget,
                              dataclasses.replace(options, refetch=refetch), dtypes, strict,
-                             shapes)
+                             shapes, join_outputs)
         except NoFeasiblePlanError as e:
             errors.append(e)
             continue
@@ -823,7 +826,8 @@ def _routed(ptd: PartitionedSymbol, symbol: mx.sym.Symbol, contexts: Sequence[mx
     """``ptd``'s plan routed with each value that several devices of one group of
     ``group_size`` read from another group sent to that group once
     (:func:`nnvm_passes.program.relayed_reads`)."""
-    program = route(ptd.graph, ptd.assignment, group_size=group_size)
+    program = route(ptd.graph, ptd.assignment, group_size=group_size,
+                    join_outputs=ptd.output_pieces is None)
     with warnings.catch_warnings():       # ptd's rewrite warned of its fallbacks already
         warnings.simplefilter("ignore", RuntimeWarning)
         return _rewritten(symbol, ptd.graph, ptd.plan, ptd.assignment, contexts,
@@ -871,15 +875,16 @@ class _Applied:
     plans), and rewriting and measuring one costs far more than searching it."""
 
     def __init__(self, symbol: mx.sym.Symbol, whole: Graph, graph: Graph,
-                 contexts: Sequence[mx.Context]):
+                 contexts: Sequence[mx.Context], join_outputs: bool = True):
         self.symbol, self.whole, self.graph, self.contexts = symbol, whole, graph, contexts
+        self.join_outputs = join_outputs
         self._done: dict[str, PartitionedSymbol] = {}
 
     def __call__(self, plan: Plan, assignment: Assignment) -> PartitionedSymbol:
         key = plan.to_json()
         if key not in self._done:
             self._done[key] = _built(self.symbol, self.whole, self.graph, plan, assignment,
-                                     self.contexts)
+                                     self.contexts, self.join_outputs)
         return self._done[key]
 
 
@@ -952,11 +957,14 @@ def apply_plan(symbol: mx.sym.Symbol, graph: Graph, plan: Plan,
 
 
 def _built(symbol: mx.sym.Symbol, whole: Graph, graph: Graph, plan: Plan,
-           assignment: Assignment, contexts: Sequence[mx.Context]) -> PartitionedSymbol:
-    """:func:`partition`'s last steps for a plan of ``graph`` (``whole`` lowered): route,
-    run the operators the plan splits as they split unlowered
-    (:func:`~tofu_mx.runtime.unlower.unlower`), emit, check."""
-    graph, plan, assignment, program = unlower(whole, graph, plan, assignment)
+           assignment: Assignment, contexts: Sequence[mx.Context],
+           join_outputs: bool = True) -> PartitionedSymbol:
+    """:func:`partition`'s last steps for a plan of ``graph`` (``whole`` lowered): route
+    (``join_outputs``: as :func:`partition`'s), run the operators the plan splits as they
+    split unlowered (:func:`~tofu_mx.runtime.unlower.unlower`), emit, check."""
+    graph, plan, assignment, program = unlower(whole, graph, plan, assignment, join_outputs)
+    if program is None:
+        program = route(graph, assignment, join_outputs=join_outputs)
     return _rewritten(symbol, graph, plan, assignment, contexts, program=program)
 
 

@@ -42,11 +42,12 @@ from tofu_mx.search.plan import OpPlan, Plan, TensorPlan, check_plan, graph_fing
     lower_graph
 
 
-def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment
-            ) -> tuple[Graph, Plan, Assignment, Program | None]:
+def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment,
+            join_outputs: bool = True) -> tuple[Graph, Plan, Assignment, Program | None]:
     """``graph`` (``whole`` lowered), ``plan`` and ``assignment`` with the operators the plan
     splits as they split run as themselves (see the module docstring), and the Program
-    where it was routed (None: route it)."""
+    where it was routed (None: route it), with ``join_outputs`` as
+    :func:`~nnvm_passes.program.route`'s."""
     if graph is whole or plan.num_devices == 1:
         return graph, plan, assignment, None
     groups = lowered_groups(whole, graph)
@@ -68,7 +69,8 @@ def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment
     if any(new_assignment.ops[index[name]].unrunnable or
            new_assignment.ops[index[name]].fallback for name in found):
         return graph, plan, assignment, None
-    new_program, program = route(kept, new_assignment), route(graph, assignment)
+    new_program = route(kept, new_assignment, join_outputs=join_outputs)
+    program = route(graph, assignment, join_outputs=join_outputs)
     if moved(new_program) != moved(program):
         return graph, plan, assignment, program
     return kept, translated, new_assignment, new_program

@@ -71,6 +71,16 @@ def gradients_per_device(graph: Graph, device_of: Callable[[int], int], num_devi
     return tuple(row["gradients"] for row in _static(graph, device_of, num_devices, 0.0))
 
 
+def largest_weight_per_device(graph: Graph, device_of: Callable[[int], int],
+                              num_devices: int) -> tuple[int, ...]:
+    """Bytes of the largest weight placed on each device (0 where none is)."""
+    out = [0] * num_devices
+    for i, node in enumerate(graph.nodes):
+        if node.is_variable and node.kind == "param":
+            out[device_of(i)] = max(out[device_of(i)], node.outputs[0].nbytes)
+    return tuple(out)
+
+
 def peak_memory(graph: Graph, device_of: Callable[[int], int], num_devices: int,
                 optimizer_state: float = 0.0) -> tuple[int, ...]:
     """Each device's bytes held in one training step (see the module's docstring): its
@@ -319,4 +329,5 @@ def _static(graph: Graph, device_of, num_devices: int, optimizer_state: float
     return rows
 
 
-__all__ = ["ROWS", "gradients_per_device", "held_at_forward_end", "peak_memory"]
+__all__ = ["ROWS", "gradients_per_device", "held_at_forward_end", "largest_weight_per_device",
+           "peak_memory"]

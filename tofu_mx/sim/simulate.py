@@ -33,12 +33,14 @@
 - ``"hybrid"``: data parallelism across the machine's device groups (PCIe switches, NVLink
   quads), Tofu inside each: every group runs the plan ``partition(machine=...)`` chooses
   for one group's devices (``"tofu-machine"`` on a machine of ``group_size`` devices) on
-  its share of the batch, and each device's summed gradient shard is all-reduced with the
-  same device of the other groups (one ring per device of a group, all at once, over the
-  ``bridge``, sharing it where ``bridge_shared``), in buckets as the backward pass completes
-  them, as for data parallelism. What it runs: ``tofu_mx.gluon.partition(..., replicas=G)``
-  (each shard's copies summed between the groups' devices holding it, as its gradient is
-  written).
+  its share of the batch, its outputs returned as their pieces, and each device's summed
+  gradient shard is all-reduced with the same device of the other groups (one ring per
+  device of a group, all at once, over the ``bridge``, sharing it where ``bridge_shared``),
+  in buckets as the backward pass completes them, as for data parallelism; each device
+  also holds the buffer it receives its peers' shards in (counted as its largest weight).
+  What it runs: ``tofu_mx.gluon.partition(..., replicas=G)`` (each shard's copies summed on
+  one group's device and copied back, as its gradient is written: the same bytes over each
+  link as the ring for two groups).
   Not run (``fits`` False, says why) where the machine is one group;
 - ``"tofu-memory"``: the plan moving the fewest bytes that fits the machine's memory
   (``partition(memory_budget=...)``); as the plan counts what a device holds at the end of
@@ -76,7 +78,7 @@ from tofu_mx.search.plan import SearchOptions
 from tofu_mx.sim.formulas import (bucketed_all_reduce, ring_all_reduce_time, swap_time,
                                   transfer_time)
 from tofu_mx.sim.machine import Machine
-from tofu_mx.sim.memory import gradients_per_device, peak_memory
+from tofu_mx.sim.memory import gradients_per_device, largest_weight_per_device, peak_memory
 from tofu_mx.sim.placement import place_operators
 from tofu_mx.sim.schedule import finish_times, gradients_ready, step_tasks
 from tofu_mx.sim.work import operator_bytes
@@ -212,7 +214,12 @@ def _placement(symbol, machine: Machine, strategy, options, dtypes, shapes) -> S
                    note=f"{len(set(devices))} of {k} devices run operators")
 
 
-def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimResult:
+def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes, groups: int = 1
+          ) -> SimResult:
+    """``strategy`` (a Tofu one) on ``machine``; ``groups`` > 1: as one of that many groups
+    of a hybrid runs it (:func:`tofu_mx.gluon.partition` with ``replicas=``): outputs
+    returned as their pieces, and each device also holding the buffer the Trainer receives
+    its peers' gradient shards in (at most its largest weight's bytes)."""
     from tofu_mx.runtime.partitioned import choose_by_step_time, partition
 
     k = machine.num_devices
@@ -222,15 +229,19 @@ def _tofu(symbol, machine: Machine, strategy, options, dtypes, shapes) -> SimRes
         try:
             if strategy == "tofu-machine":  # simulate() weighs the other strategies itself
                 ptd = choose_by_step_time(symbol, ctx, machine, options=options,
-                                          dtypes=dtypes, compare=False, **shapes)
+                                          dtypes=dtypes, compare=False,
+                                          join_outputs=groups == 1, **shapes)
             else:
                 ptd = partition(symbol, ctx, options=options, dtypes=dtypes,
-                                memory_budget=budget, **shapes)
+                                memory_budget=budget, join_outputs=groups == 1, **shapes)
         except NoFeasiblePlanError as e:
             return SimResult(strategy, machine.name, False, math.inf, 0.0, (e.footprint,) * k,
                              "no plan fits the memory")
         graph, device_of = _shard_devices(ptd)
         peak = peak_memory(graph, device_of, k, options.optimizer_state)
+        if groups > 1:
+            peak = tuple(p + b for p, b in zip(peak, largest_weight_per_device(
+                graph, device_of, k)))
         if budget is None or max(peak) <= machine.memory:
             break
         budget = int(budget * machine.memory / max(peak))
@@ -269,7 +280,7 @@ def _hybrid_on(symbol, machine: Machine, k: int, strategy, options, dtypes, shap
     share = _batch_share(whole, shapes, groups)
     group = dataclasses.replace(machine, name=f"{machine.name}, one group of {size}",
                                 num_devices=size, host_shared=math.gcd(machine.host_shared, size))
-    inner = _tofu(symbol, group, "tofu-machine", options, dtypes, share)
+    inner = _tofu(symbol, group, "tofu-machine", options, dtypes, share, groups)
     if not inner.fits:
         return dataclasses.replace(inner, strategy=strategy, machine=machine.name,
                                    peak_memory=inner.peak_memory * groups)

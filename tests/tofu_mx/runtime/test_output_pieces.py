@@ -162,3 +162,50 @@ def test_pieces_keep_the_routing_through_groups():
     assert pieces.program.group_size == 4 and pieces.output_pieces
     report = tofu_mx.verify(sym, pieces, devices(8), oracle="float64", **shapes)
     assert report.ok, report
+
+
+def routings(monkeypatch):
+    """Every routing partition() makes from now on: its ``join_outputs``, in a list."""
+    import tofu_mx.runtime.partitioned as partitioned
+    import tofu_mx.runtime.unlower as unlower
+    made = []
+
+    def recorded(*args, join_outputs=True, **kwargs):
+        made.append(join_outputs)
+        return route(*args, join_outputs=join_outputs, **kwargs)
+    monkeypatch.setattr(partitioned, "route", recorded)
+    monkeypatch.setattr(unlower, "route", recorded)
+    return made
+
+
+@pytest.mark.parametrize("machine", [None, "8xV100-16GB-PCIe"])
+def test_pieces_are_routed_as_pieces_only(monkeypatch, machine):
+    """partition(..., join_outputs=False) routes each plan it weighs (machine='s too, through
+    groups as well) with pieces only: no joined routing made first and routed again, and the
+    plan machine= chose is the one returned, checked against one device."""
+    sym, shapes = models.transformer(2, 64, 4, 8, 50), models.input_shapes("transformer", 8,
+                                                                             seq_len=8)
+    made = routings(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ptd = tofu_mx.partition(sym, devices(8), join_outputs=False, machine=machine,
+                                **shapes)
+    assert made and not any(made), made
+    assert ptd.output_pieces
+    if machine:     # the relayed candidates were weighed, as pieces
+        assert any(c.group_size for c in ptd.machine_choice.candidates)
+        assert ptd.program.group_size == ptd.machine_choice.chosen.group_size
+    report = tofu_mx.verify(sym, ptd, devices(8), oracle="float64", **shapes)
+    assert report.ok, report
+
+
+def test_the_gluon_block_routes_as_pieces_only(monkeypatch):
+    from mxnet.gluon import nn
+    import tofu_mx.gluon as tg
+    net = nn.HybridSequential()
+    net.add(nn.Dense(32, activation="relu", in_units=16), nn.Dense(10, in_units=32))
+    net.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
+    made = routings(monkeypatch)
+    pnet = tg.partition(net, devices(4), data=(8, 16))
+    assert made and not any(made), made
+    assert pnet.partitioned.output_pieces

@@ -31,6 +31,29 @@ def one_group_of(machine: sim.Machine) -> sim.Machine:
     return dataclasses.replace(machine, name=f"{machine.name}, one group of 2", num_devices=2)
 
 
+def one_group(sym, group: sim.Machine) -> sim.SimResult:
+    """One group's step as the hybrid runs it (``tofu-machine`` with pieces and the receive
+    buffer)."""
+    from tofu_mx.runtime.partitioned import SearchOptions
+    from tofu_mx.sim.simulate import _tofu
+    return _tofu(sym, group, "tofu-machine", SearchOptions(), None, HALF, groups=2)
+
+
+def test_a_group_runs_as_the_gluon_hybrid_runs_it():
+    """Each group's plan returns its outputs as pieces (tofu_mx.gluon.partition's blocks
+    do), and each device also holds the Trainer's receive buffer: at most its largest weight
+    shard (here half a 1024 x 1024 weight)."""
+    from tofu_mx.runtime.partitioned import choose_by_step_time
+    sym, group = three_layers(), one_group_of(two_pairs(True))
+    inner = one_group(sym, group)
+    ptd = choose_by_step_time(sym, [mx.cpu(0), mx.cpu(1)], group, compare=False,
+                              join_outputs=False, **HALF)
+    assert ptd.output_pieces
+    buffer = 1024 * 1024 * 4 // 2
+    assert inner.peak_memory == tuple(p + buffer for p in ptd.planned_memory())
+    assert inner.step_time == pytest.approx(sim.partitioned_step(ptd, group)[0])
+
+
 @pytest.mark.parametrize("bridge_shared", [True, False])
 def test_each_group_runs_tofu_on_its_half_and_the_shards_are_all_reduced_across(bridge_shared):
     """The step is the one-group plan's on half the batch, or the end of the last bucket of
@@ -39,7 +62,7 @@ def test_each_group_runs_tofu_on_its_half_and_the_shards_are_all_reduced_across(
     shared)."""
     sym, machine = three_layers(), two_pairs(bridge_shared)
     hybrid = sim.simulate(sym, machine, "hybrid", **SHAPES)
-    inner = sim.simulate(sym, one_group_of(machine), "tofu-machine", **HALF)
+    inner = one_group(sym, one_group_of(machine))
     weights = 3 * 4 * (1024 * 1024 + 1024)
     assert sum(inner.gradient_bytes) == weights == sum(b for _, b in inner.gradient_ready)
     share = 1.0 if bridge_shared else max(inner.gradient_bytes) / weights
