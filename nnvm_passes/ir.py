@@ -232,12 +232,32 @@ _NODE_FIELDS = frozenset(f.name for f in dataclasses.fields(Node) if f.init)
 
 
 @dataclass(frozen=True)
+class Interleave:
+    """How a variable of a graph is laid out against the caller's array of that name: the
+    ``groups`` equal consecutive blocks of ``axis`` interleaved. Element ``h * groups + j``
+    of the graph's axis is element ``j * (length // groups) + h`` of the caller's (an LSTM's
+    four gates, stored so that a contiguous slice holds a slice of every gate:
+    :mod:`nnvm_passes.interleave`)."""
+
+    axis: int
+    groups: int
+
+    def order(self, length: int) -> np.ndarray:
+        """For each position of the graph's axis, the caller's position it holds."""
+        size = length // self.groups
+        return np.arange(length).reshape(self.groups, size).T.reshape(-1)
+
+
+@dataclass(frozen=True)
 class Graph:
-    """A whole graph: nodes in topological order, its output entries, MXNet's graph attrs."""
+    """A whole graph: nodes in topological order, its output entries, MXNet's graph attrs,
+    and the variables laid out otherwise than the caller's arrays (``layouts``: name ->
+    :class:`Interleave`; none but after :mod:`nnvm_passes.interleave`)."""
 
     nodes: tuple[Node, ...]
     heads: tuple[Entry, ...]
     attrs: FrozenDict = dataclasses.field(default_factory=FrozenDict)
+    layouts: FrozenDict = dataclasses.field(default_factory=FrozenDict)
 
     def replace(self, **changes: Any) -> "Graph":
         if all(getattr(self, k) == v for k, v in changes.items()):

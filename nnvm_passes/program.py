@@ -55,7 +55,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from nnvm_passes.backward import passes_gradient_through
-from nnvm_passes.ir import FrozenDict, Graph
+from nnvm_passes.ir import FrozenDict, Graph, Interleave
 from tofu_mx.errors import TofuError
 
 Box = tuple[tuple[int, int], ...]
@@ -129,7 +129,8 @@ class Held:
 
 @dataclass(frozen=True)
 class VarShard:
-    """One variable of the partitioned graph: a box of an original variable on a device."""
+    """One variable of the partitioned graph: a box of an original variable on a device
+    (of the variable as the graph lays it out: ``layout``, where it is not the caller's)."""
 
     name: str
     source: str
@@ -137,6 +138,7 @@ class VarShard:
     device: int
     box: Box
     dtype: str
+    layout: Interleave | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -144,8 +146,26 @@ class VarShard:
 
     @property
     def slices(self) -> tuple[slice, ...]:
-        """The box as an index into the whole array: ``whole[shard.slices]``."""
+        """The box as an index into the whole array as the graph lays it out (the caller's
+        where ``layout`` is None): use :meth:`take` and :meth:`put` on the caller's."""
         return tuple(slice(lo, hi + 1) for lo, hi in self.box)
+
+    def index(self, shape: Sequence[int]) -> tuple:
+        """Where the shard lies in the caller's whole array of ``shape`` (NumPy indexing:
+        slices, and an array of positions along an interleaved axis)."""
+        index: list = list(self.slices)
+        if self.layout is not None:
+            a = self.layout.axis
+            index[a] = self.layout.order(shape[a])[index[a]]
+        return tuple(index)
+
+    def take(self, whole: np.ndarray) -> np.ndarray:
+        """This shard of the caller's whole array (NumPy)."""
+        return whole[self.index(whole.shape)]
+
+    def put(self, whole: np.ndarray, value: Any) -> None:
+        """Write this shard's ``value`` into the caller's whole array (NumPy)."""
+        whole[self.index(whole.shape)] = value
 
 
 @dataclass(frozen=True)
@@ -309,7 +329,7 @@ class _Route:
         if key not in self.memo:
             node = self.graph.nodes[i]
             shard = VarShard(node.name + self.suffix(device), node.name, node.kind, device, box,
-                             node.outputs[0].dtype)
+                             node.outputs[0].dtype, self.graph.layouts.get(node.name))
             self.memo[key] = Ref(self.add(Step(
                 StepKind.VARIABLE, device, (), (self.held((i, 0), box),), account, shard.name,
                 node=i, attrs=node.attrs, shard=shard)))

@@ -417,6 +417,15 @@ class PartitionedBlock(gluon.Block):
                 default_init = init or mx.init.Uniform()
                 p_init = p.init if p.init is not None else default_init
             whole = self.partitioned.graph.node(name).outputs[0].shape
+            if any(s.layout is not None for s in self._shards_of[name]):
+                # laid out otherwise than the block's (interleaved): initialised whole on the
+                # host, as the block lays it out (an initializer may write parts of it, as
+                # LSTMBias does the forget gate's), then cut into its shards
+                array = mx.nd.zeros(whole, ctx=mx.cpu(), dtype=self._shards_of[name][0].dtype)
+                initialize_shard(p_init, default_init, name, array, whole,
+                                 tuple((0, n - 1) for n in whole))
+                copied[name] = array.asnumpy()
+                continue
             for s in self._shards_of[name]:
                 first = self._arrays[0][s.name]
                 initialize_shard(p_init, default_init, name, first, whole, s.box)

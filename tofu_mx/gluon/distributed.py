@@ -245,7 +245,8 @@ def plan_fingerprint(partitioned: PartitionedSymbol) -> str:
     shard's name, source, kind, device, box and dtype (what the workers' keys stand for)."""
     h = hashlib.sha256(graph_fingerprint(partitioned.graph).encode())
     h.update(json.dumps([len(partitioned.contexts)] + [
-        [s.name, s.source, s.kind, s.device, [list(b) for b in s.box], s.dtype]
+        [s.name, s.source, s.kind, s.device, [list(b) for b in s.box], s.dtype,
+         None if s.layout is None else [s.layout.axis, s.layout.groups]]
         for s in partitioned.shards]).encode())
     return h.hexdigest()
 

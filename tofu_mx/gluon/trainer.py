@@ -370,7 +370,7 @@ class Trainer:
                     return head.copyto(mx.cpu())
                 out = np.zeros(whole_shape, dtype=head.dtype)
                 for s, h in parts:
-                    out[s.slices] = h.asnumpy()
+                    s.put(out, h.asnumpy())
                 return mx.nd.array(out, ctx=mx.cpu(), dtype=out.dtype)
             return head
         return merge([(self._shards[i][0], self._updater.states[i]) for i in members])
@@ -380,8 +380,12 @@ class Trainer:
         if isinstance(state, (tuple, list)):
             return type(state)(self._split(x, shard, weight) for x in state)
         if isinstance(state, mx.nd.NDArray):
-            part = state[shard.slices] if state.ndim else state
-            return part.as_in_context(weight.context)
+            if not state.ndim:
+                return state.as_in_context(weight.context)
+            if shard.layout is None:
+                return state[shard.slices].as_in_context(weight.context)
+            return mx.nd.array(shard.take(state.asnumpy()), ctx=weight.context,
+                               dtype=state.dtype)
         return state
 
 

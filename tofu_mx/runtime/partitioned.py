@@ -316,7 +316,7 @@ class PartitionedSymbol:
             if (kinds is None or s.kind in kinds) and s.source in arrays:
                 if s.source not in wholes:    # one host copy per array, however many shards
                     wholes[s.source] = _numpy(arrays[s.source])
-                out[s.name] = np.ascontiguousarray(wholes[s.source][s.slices])
+                out[s.name] = np.ascontiguousarray(s.take(wholes[s.source]))
         return out
 
     def merge_arrays(self, shards: Mapping[str, Any], kinds: Sequence[str] | None = None
@@ -352,7 +352,7 @@ class PartitionedSymbol:
             if s.source not in out:
                 shape = self.graph.node(s.source).outputs[0].shape
                 out[s.source] = np.zeros(shape, dtype=s.dtype)
-            out[s.source][s.slices] = value
+            s.put(out[s.source], value)
         return out
 
     def split_params(self, arg_params: Mapping[str, Any], aux_params: Mapping[str, Any] | None = None
@@ -566,6 +566,13 @@ class PartitionedSymbol:
         lines.append(f"memory per device as MXNet plans the step (planned_memory(), "
                      f"without optimizer state): "
                      f"{', '.join(format_bytes(b) for b in self.planned_memory())}")
+        layouts = self.graph.layouts
+        if layouts:
+            shown = ", ".join(list(layouts)[:3])
+            more = f" and {len(layouts) - 3} more" if len(layouts) > 3 else ""
+            lines.append(f"weights stored with their blocks interleaved (an LSTM's gates: each "
+                         f"device a slice of every gate; split_params/merge_params and the "
+                         f"checkpoints use your layout): {len(layouts)}: {shown}{more}")
         if self.plan.unlowered:
             shown = ", ".join(self.plan.unlowered[:3])
             more = f" and {len(self.plan.unlowered) - 3} more" if len(self.plan.unlowered) > 3 \

@@ -29,6 +29,7 @@ import numpy as np
 
 from nnvm_passes.backward import kept_tensors
 from nnvm_passes.ir import Entry, FrozenDict, Graph, TensorInfo
+from nnvm_passes.interleave import interleave
 from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
@@ -39,7 +40,9 @@ from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.search.problem import Problem, by_first_appearance, distinct_rows
 from tofu_mx.search.structure import GraphStructure, itemsize_of
 from tofu_mx.summary import format_bytes
-from tofu_mx.tdl.annotate import import_graph, registry_entry
+from tofu_mx.tdl.annotate import described, import_graph, registry_entry
+from tofu_mx.tdl.axes import block_split, passed_axes
+from tofu_mx.tdl.lang import TDLError
 from tofu_mx.tdl.registry import Attrs, Description, facts, generation
 
 
@@ -866,14 +869,42 @@ def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions
 
 def lower_graph(graph: Graph, num_devices: int, keep: frozenset | Sequence[str] = ()) -> Graph:
     """``graph`` with the operators that split better as their parts lowered into them
-    (:attr:`tofu_mx.tdl.OpFacts.lowering`: BatchNorm), when there is more than one device;
-    the graph plan() searches and partition() rewrites. ``keep``: names of operators left
-    as they are (:attr:`Plan.unlowered`)."""
+    (:attr:`tofu_mx.tdl.OpFacts.lowering`: BatchNorm), and the blocks of splits that can be
+    read interleaved stored so (:func:`nnvm_passes.interleave.interleave`: an LSTM's gates),
+    when there is more than one device; the graph plan() searches and partition() rewrites.
+    ``keep``: names of operators left as they are (:attr:`Plan.unlowered`)."""
     if num_devices == 1:
         return graph
     keep = frozenset(keep)
-    return lower(graph, lambda node: None if node.name in keep else
-                 _lowering_of(node.op, node.attrs, generation()))
+    lowered = lower(graph, lambda node: None if node.name in keep else
+                    _lowering_of(node.op, node.attrs, generation()))
+    return interleave(lowered, _passed_axes(lowered), _block_split(lowered))
+
+
+def _traced(graph: Graph, node):
+    """``node``'s traced description in ``graph`` (None: not described, or failing)."""
+    try:
+        found = described(node.op, node.attrs, [graph.tensor(e).shape for e in node.inputs],
+                          [o.shape for o in node.outputs])
+    except TDLError:        # a description failing here only keeps the graph as it is
+        return None
+    return None if found is None else found[1]
+
+
+def _passed_axes(graph: Graph):
+    def passes(node, k: int, axis: int):
+        traced = _traced(graph, node)
+        return None if traced is None else passed_axes(traced, k, axis)
+    return passes
+
+
+def _block_split(graph: Graph):
+    def splits(node):
+        if len(node.outputs) < 2:       # (most nodes: not traced for this)
+            return None
+        traced = _traced(graph, node)
+        return None if traced is None else block_split(traced)
+    return splits
 
 
 @functools.lru_cache(maxsize=1 << 12)

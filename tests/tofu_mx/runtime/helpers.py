@@ -1,4 +1,5 @@
 """Shared helpers: partition and verify in float64 (so summation order cannot matter)."""
+import importlib
 import warnings
 
 import mxnet as mx
@@ -40,3 +41,10 @@ def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=
     report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, arrays=arrays,
                             oracle=oracle, **shapes)
     return ptd, report
+
+
+def blocks_one_after_another(monkeypatch):
+    """Turn :mod:`nnvm_passes.interleave` off for a test: the blocks a split cuts (an LSTM's
+    gates) stay stored one after another, as the routing tests of that layout need."""
+    monkeypatch.setattr(importlib.import_module("tofu_mx.search.plan"), "interleave",
+                        lambda graph, passes, splits: graph)

@@ -14,7 +14,7 @@ import mxnet as mx
 import pytest
 from mxnet.gluon.model_zoo import vision
 
-from tests.tofu_mx.runtime.helpers import partition_and_verify
+from tests.tofu_mx.runtime.helpers import blocks_one_after_another, partition_and_verify
 from tofu_mx import models
 from tofu_mx.search import SearchOptions
 
@@ -89,13 +89,15 @@ def test_builders(name, k):
 
 
 @pytest.mark.parametrize("refetch", [False, True])
-def test_lstm_gates_made_apart_are_read_where_they_are_made(refetch):
-    """At k = 8 the LSTM's gates are made split on their columns and used split on the batch:
+def test_lstm_gates_made_apart_are_read_where_they_are_made(refetch, monkeypatch):
+    """At k = 8 the LSTM's gates, stored one after another (not interleaved: the pass is
+    turned off here), are made split on their columns and used split on the batch:
     each device's SliceChannel share holds whole gates, each made on another device. Kept
     for the backward pass, each gate is read from where it is made (no share joining the
     four to cut them again); re-fetched, the share runs (its readers would run again
     otherwise). Both verify."""
     from nnvm_passes.program import StepKind
+    blocks_one_after_another(monkeypatch)
     sym = models.rnn(2, hidden=64, seq_len=3, vocab=50)
     ptd, report = partition_and_verify(sym, 8, dtypes={},     # float32, as test_builders
                                        options=SearchOptions(refetch=refetch),

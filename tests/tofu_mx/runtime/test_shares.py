@@ -11,7 +11,7 @@ import pytest
 
 import tofu_mx
 from nnvm_passes.importer import import_symbol
-from tests.tofu_mx.runtime.helpers import float64, partition_and_verify
+from tests.tofu_mx.runtime.helpers import blocks_one_after_another, float64, partition_and_verify
 from tofu_mx import models
 from tofu_mx.runtime.partitioned import apply_plan
 from tofu_mx.search.baselines import forced
@@ -221,10 +221,12 @@ def test_ordered_shares_follow_the_original_order(ordered):
 
 
 @pytest.mark.parametrize("k", [2, 4])
-def test_slice_channel_share_holding_parts_of_pieces(k):
+def test_slice_channel_share_holding_parts_of_pieces(k, monkeypatch):
     """An FC's output split on its columns, then SliceChannel into 4 gates split on the same
-    axis: each device holds a part of every gate. Once the share ran SliceChannel whole on
-    every device (a fallback); now each output is read as its region of the input."""
+    axis (the gates one after another: not interleaved): each device holds a part of every
+    gate. Once the share ran SliceChannel whole on every device (a fallback); now each output
+    is read as its region of the input."""
+    blocks_one_after_another(monkeypatch)
     fc = mx.sym.FullyConnected(X, num_hidden=16, name="fc")
     gates = mx.sym.SliceChannel(fc, num_outputs=4, axis=1, name="gates")
     y = mx.sym.tanh(gates[0], name="t0") * mx.sym.sigmoid(gates[2], name="s2") + gates[3]

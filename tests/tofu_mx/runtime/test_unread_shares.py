@@ -9,7 +9,7 @@ import pytest
 import tofu_mx
 from nnvm_passes.program import StepKind, live_steps
 from tofu_mx import models
-from tests.tofu_mx.runtime.helpers import partition_and_verify
+from tests.tofu_mx.runtime.helpers import blocks_one_after_another, partition_and_verify
 
 
 def half_used():
@@ -53,10 +53,12 @@ def test_unread_shares_are_dropped_and_their_weights_kept(build, refetch, k):
 
 
 @pytest.mark.parametrize("build", [half_used, one_step_lstm])
-def test_the_weight_cells_only_a_dropped_share_read_are_kept(build):
+def test_the_weight_cells_only_a_dropped_share_read_are_kept(build, monkeypatch):
     """At k = 4, keeping converted inputs, a device's share of the first layer computes
-    only unread values (the unused half, the forget gate): its weight cells are kept as
-    unread cells (their gradient, an exact zero, compared with one device's by verify)."""
+    only unread values (the unused half, the forget gate, with the blocks one after another:
+    not interleaved): its weight cells are kept as unread cells (their gradient, an exact
+    zero, compared with one device's by verify)."""
+    blocks_one_after_another(monkeypatch)
     ptd, report = partitioned(build, 4, False)
     check(ptd, report)
     steps = ptd.program.steps
