@@ -379,7 +379,8 @@ def _check_partition(partitioned: Any, reference: mx.sym.Symbol, ref_graph: Grap
     if problems:     # partition() searches and rewrites the lowered graph
         plan = getattr(partitioned, "plan", None)
         lowered = lower_graph(ref_graph, len(partitioned.contexts),
-                              keep=getattr(plan, "unlowered", ()))
+                              keep=getattr(plan, "unlowered", ()),
+                              interleave=bool(made_for.layouts))
         if lowered is not ref_graph:     # what the partition searched: said against it
             problems = _graph_differences(made_for, lowered)
     theirs = getattr(partitioned, "reference", None)

@@ -321,8 +321,7 @@ def with_extra_output():
      r"reference does not"),
     # one more output
     (with_extra_output, SHAPES,
-     r"the operators differ \(8 in the partition's graph, 8 in the reference\); first: 'halves' "
-     r"SliceChannel.* in the partition, 'halves_interleaved' Reshape"),
+     r"the operators differ \(8 in the partition's graph, 7 in the reference\)"),
 ])
 def test_partition_of_other_inputs(cpus, partitioned, shapes, message):
     ptd = partition(partitioned(), cpus(2), **shapes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import itertools
 import os
 import warnings
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class Candidate:
     group_size: int = 0        # values crossing to a group of this many devices cross once
     #                            (nnvm_passes.program.relayed_reads); 0: to each reader
     groups: int = 0            # the hybrid's device groups, data parallel (0: not a hybrid)
+    interleaved: bool = False  # split blocks (an LSTM's gates) stored interleaved
 
 
 @dataclass(frozen=True)
@@ -693,7 +695,7 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes,
     if memory_budget is not None:
         budgets_of(memory_budget, k)        # before the import, which may take a while
     whole = import_graph(symbol, dtypes=dtypes, **shapes)
-    graph = lower_graph(whole, k)
+    graph = lower_graph(whole, k, interleave=options.interleave)
     if memory_budget is None:
         plan, assignment = runnable_plan(graph, k, options)
         _check_operators(graph, plan, k, strict)
@@ -732,8 +734,11 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
     switches, NVLink quads), each plan is weighed routed both ways: every reader fetching
     from the holder, and each value several devices of a group read sent to the group once
     (:func:`nnvm_passes.program.relayed_reads`: fewer bytes over the links between groups,
-    a copy more within the group). With ``compare``, data parallelism and the hybrid on the
-    same devices are simulated too (:class:`MachineChoice`), and a
+    a copy more within the group). Where the graph has split blocks stored interleaved
+    (:attr:`SearchOptions.interleave`: an LSTM's gates), each plan is weighed with them
+    stored one after another too (interleaving moves fewer bytes; on CPU devices, where
+    bytes are cheap, it can be slower). With ``compare``, data parallelism and the hybrid on
+    the same devices are simulated too (:class:`MachineChoice`), and a
     :class:`tofu_mx.DataParallelFasterWarning` is raised where one fits and is faster.
     ``join_outputs``: as :func:`partition`'s (each plan is weighed as it will run)."""
     from tofu_mx import sim
@@ -752,14 +757,21 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
     options = SearchOptions.of(options)
     weighed, errors = [], []
     groups = machine.group_size if machine.group_size < len(contexts) else 0
-    for label, refetch in STEP_TIME_CANDIDATES:
+    for (label, refetch), interleave in itertools.product(
+            STEP_TIME_CANDIDATES, (True, False) if options.interleave else (False,)):
+        if options.interleave and not interleave and \
+                not any(c.interleaved for c, _ in weighed):
+            continue        # nothing was interleaved: the same plans again
         try:
             ptd = _partition(symbol, contexts, memory_budget,
-                             dataclasses.replace(options, refetch=refetch), dtypes, strict,
-                             shapes, join_outputs)
+                             dataclasses.replace(options, refetch=refetch,
+                                                 interleave=interleave),
+                             dtypes, strict, shapes, join_outputs)
         except NoFeasiblePlanError as e:
             errors.append(e)
             continue
+        if options.interleave and not interleave:
+            label = f"{label}; {NOT_INTERLEAVED}"
         routed = [(label, 0, ptd)]
         if groups:
             routed.append((f"{label}; {RELAYED.format(groups)}", groups,
@@ -767,7 +779,8 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
         for text, group_size, built in routed:
             step, peaks = sim.partitioned_step(built, machine, options.optimizer_state)
             weighed.append((Candidate(text, step, max(peaks), max(peaks) <= machine.memory,
-                                      refetch, group_size), built))
+                                      refetch, group_size,
+                                      interleaved=bool(built.graph.layouts)), built))
     if not weighed:
         raise min(errors, key=lambda e: e.footprint)
     weighed.sort(key=lambda c: (not c[0].fits, c[0].step if c[0].fits else c[0].peak))
@@ -822,6 +835,10 @@ def _hybrid(symbol, graph: Graph, k: int, machine, options: SearchOptions, dtype
     return Candidate(HYBRID.format(groups=k // size, size=size), result.step_time,
                      max(result.peak_memory), result.fits, groups=k // size)
 
+
+#: how a candidate of ``partition(machine=...)`` with its split blocks stored one after another
+#: is described, where interleaving them was weighed too (SearchOptions.interleave)
+NOT_INTERLEAVED = "gates stored one after another, not interleaved"
 
 #: how a candidate of ``partition(machine=...)`` routed through the machine's device groups
 #: is described (its group size)
@@ -926,7 +943,7 @@ def frontier(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     weights = [arguments.real(w, f"weights[{i}]", minimum=0) for i, w in enumerate(weights)]
     k = check_device_count(len(contexts))
     whole = import_graph(symbol, dtypes=dtypes, **shapes)
-    graph = lower_graph(whole, k)
+    graph = lower_graph(whole, k, interleave=options.interleave)
     points = []
     applied = _Applied(symbol, whole, graph, contexts)
     with warnings.catch_warnings():

@@ -77,7 +77,7 @@ def check_partition(ptd: Any, batch: int | None = None, seed: int = 0, rtol: flo
                                    (ptd.reference, own, None)):
         try:      # MXNet refuses a dtype its kernels lack when it infers the graph's types
             graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), k,
-                                keep=ptd.plan.unlowered)
+                                keep=ptd.plan.unlowered, interleave=bool(ptd.graph.layouts))
         except ShapeInferenceError as e:
             failure = e
             continue

@@ -61,7 +61,8 @@ def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment,
             found[name] = strategies
     if not found:
         return graph, plan, assignment, None
-    kept = lower_graph(whole, plan.num_devices, keep=frozenset(found))
+    kept = lower_graph(whole, plan.num_devices, keep=frozenset(found),
+                       interleave=bool(graph.layouts))
     translated = _translated(plan, graph, kept, where, found)
     check_plan(translated, kept, plan.num_devices)
     new_assignment = assign(kept, translated)

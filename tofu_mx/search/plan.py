@@ -29,7 +29,7 @@ import numpy as np
 
 from nnvm_passes.backward import kept_tensors
 from nnvm_passes.ir import Entry, FrozenDict, Graph, TensorInfo
-from nnvm_passes.interleave import interleave
+from nnvm_passes.interleave import interleave as interleave_blocks
 from nnvm_passes.lower import lower
 from tofu_mx import arguments
 from tofu_mx.errors import InvalidArgumentError, NoFeasiblePlanError
@@ -76,11 +76,15 @@ class SearchOptions:
     balance: float = 1.15             # most memory per device, x ideal, before bytes are traded
     #                                   (with no memory weight: a plan holding more is searched
     #                                   again at memory weights until one fits; 0: off)
+    interleave: bool = True           # store the blocks a split cuts interleaved (an LSTM's
+    #                                   gates: each device a slice of every gate; see
+    #                                   nnvm_passes.interleave)
 
     def __post_init__(self):
         set_ = object.__setattr__     # frozen: each field is stored in its checked form
         set_(self, "tie", arguments.flag(self.tie, "SearchOptions.tie"))
         set_(self, "refetch", arguments.flag(self.refetch, "SearchOptions.refetch"))
+        set_(self, "interleave", arguments.flag(self.interleave, "SearchOptions.interleave"))
         set_(self, "try_factor_orders",
              arguments.flag(self.try_factor_orders, "SearchOptions.try_factor_orders"))
         set_(self, "max_states", arguments.count(self.max_states, "SearchOptions.max_states",
@@ -861,24 +865,30 @@ def plan(symbol, num_devices: int, *, memory_budget=None, options: SearchOptions
     if memory_budget is not None:
         budgets_of(memory_budget, num_devices)    # before the import, which may take a while
     with _collector_paused():       # import and lowering too make objects by the million
-        graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), num_devices)
+        graph = lower_graph(import_graph(symbol, dtypes=dtypes, **shapes), num_devices,
+                            interleave=options.interleave)
         found = plan_graph(graph, num_devices, memory_budget=memory_budget, options=options)
         del graph
     return found
 
 
-def lower_graph(graph: Graph, num_devices: int, keep: frozenset | Sequence[str] = ()) -> Graph:
+def lower_graph(graph: Graph, num_devices: int, keep: frozenset | Sequence[str] = (),
+                interleave: bool = True) -> Graph:
     """``graph`` with the operators that split better as their parts lowered into them
     (:attr:`tofu_mx.tdl.OpFacts.lowering`: BatchNorm), and the blocks of splits that can be
     read interleaved stored so (:func:`nnvm_passes.interleave.interleave`: an LSTM's gates),
     when there is more than one device; the graph plan() searches and partition() rewrites.
-    ``keep``: names of operators left as they are (:attr:`Plan.unlowered`)."""
+    ``keep``: names of operators left as they are (:attr:`Plan.unlowered`); ``interleave``:
+    False leaves the splits as they are (:attr:`SearchOptions.interleave`; a graph lowered
+    with it has ``layouts``)."""
     if num_devices == 1:
         return graph
     keep = frozenset(keep)
     lowered = lower(graph, lambda node: None if node.name in keep else
                     _lowering_of(node.op, node.attrs, generation()))
-    return interleave(lowered, _passed_axes(lowered), _block_split(lowered))
+    if not interleave:
+        return lowered
+    return interleave_blocks(lowered, _passed_axes(lowered), _block_split(lowered))
 
 
 def _traced(graph: Graph, node):

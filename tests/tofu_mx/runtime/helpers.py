@@ -46,5 +46,5 @@ def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=
 def blocks_one_after_another(monkeypatch):
     """Turn :mod:`nnvm_passes.interleave` off for a test: the blocks a split cuts (an LSTM's
     gates) stay stored one after another, as the routing tests of that layout need."""
-    monkeypatch.setattr(importlib.import_module("tofu_mx.search.plan"), "interleave",
+    monkeypatch.setattr(importlib.import_module("tofu_mx.search.plan"), "interleave_blocks",
                         lambda graph, passes, splits: graph)
