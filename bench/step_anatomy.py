@@ -90,7 +90,7 @@ def hybrid(sym, shapes, ctx, machine, levels: str):
         ptd = _built(sym, whole, graph, plan, assign(graph, plan), ctx)
         routed = [(ptd, "as routed")]
         if machine.group_size < len(ctx):
-            routed.append((_routed(ptd, sym, ctx, machine.group_size), "sent to each group once"))
+            routed.append((_routed(ptd, machine.group_size), "sent to each group once"))
     step = [(sim.partitioned_step(p, machine, OPTIONS.optimizer_state)[0], p, how)
             for p, how in routed]
     _, ptd, how = min(step, key=lambda s: s[0])

@@ -345,9 +345,9 @@ class PartitionedBlock(gluon.Block):
                  contexts: Sequence[mx.Context] | None = None,
                  choice: MachineChoice | None = None):
         super().__init__(prefix=block.prefix + "tofu_")
-        # its outputs as their pieces, on the devices storing them: this block joins them
-        # itself (no device holds a whole output for the executor's sake)
-        ptd = ptd if ptd.output_pieces is not None else ptd.with_output_pieces()
+        # partition() made ptd with its outputs as their pieces, on the devices storing
+        # them: this block joins them itself (no device holds a whole output for the
+        # executor's sake)
         self.partitioned = ptd
         #: with ``machine=``: what was weighed over all the devices and chosen
         #: (``replicas='auto'``), else the partition's own choice

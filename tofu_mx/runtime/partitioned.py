@@ -276,14 +276,7 @@ class PartitionedSymbol:
         its plan stores it in, on the devices storing them, instead of joining it whole on
         the first device (:attr:`output_pieces`, :meth:`join_outputs`,
         :meth:`head_gradients`). Unbound, with no parameters; ``self`` is not changed."""
-        program = route(self.graph, self.assignment, group_size=self.program.group_size,
-                        join_outputs=False)
-        with warnings.catch_warnings():       # self's rewrite warned of its fallbacks already
-            warnings.simplefilter("ignore", RuntimeWarning)
-            ptd = _rewritten(self.reference, self.graph, self.plan, self.assignment,
-                             self.contexts, program=program)
-        ptd.machine_choice = self.machine_choice
-        return ptd
+        return _routed(self, self.program.group_size, join_outputs=False)
 
     def placed_on(self, ctx: Sequence[mx.Context]) -> "PartitionedSymbol":
         """The same partition on other devices, as many (``ctx[i]`` runs what
@@ -775,7 +768,7 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
         routed = [(label, 0, ptd)]
         if groups:
             routed.append((f"{label}; {RELAYED.format(groups)}", groups,
-                           _routed(ptd, symbol, contexts, groups)))
+                           _routed(ptd, groups)))
         for text, group_size, built in routed:
             step, peaks = sim.partitioned_step(built, machine, options.optimizer_state)
             weighed.append((Candidate(text, step, max(peaks), max(peaks) <= machine.memory,
@@ -845,17 +838,20 @@ NOT_INTERLEAVED = "gates stored one after another, not interleaved"
 RELAYED = "each value several devices of a group of {} read sent to the group once"
 
 
-def _routed(ptd: PartitionedSymbol, symbol: mx.sym.Symbol, contexts: Sequence[mx.Context],
-            group_size: int) -> PartitionedSymbol:
-    """``ptd``'s plan routed with each value that several devices of one group of
-    ``group_size`` read from another group sent to that group once
-    (:func:`nnvm_passes.program.relayed_reads`)."""
-    program = route(ptd.graph, ptd.assignment, group_size=group_size,
-                    join_outputs=ptd.output_pieces is None)
+def _routed(ptd: PartitionedSymbol, group_size: int, join_outputs: bool | None = None
+            ) -> PartitionedSymbol:
+    """``ptd``'s plan on its devices routed again, unbound, with its ``machine_choice``:
+    each value that several devices of one group of ``group_size`` read from another group
+    sent to that group once (:func:`nnvm_passes.program.relayed_reads`; 0: to each reader),
+    its outputs joined or as pieces (``join_outputs``; None: as ``ptd``'s)."""
+    join = ptd.output_pieces is None if join_outputs is None else join_outputs
+    program = route(ptd.graph, ptd.assignment, group_size=group_size, join_outputs=join)
     with warnings.catch_warnings():       # ptd's rewrite warned of its fallbacks already
         warnings.simplefilter("ignore", RuntimeWarning)
-        return _rewritten(symbol, ptd.graph, ptd.plan, ptd.assignment, contexts,
-                          program=program)
+        routed = _rewritten(ptd.reference, ptd.graph, ptd.plan, ptd.assignment, ptd.contexts,
+                            program=program)
+    routed.machine_choice = ptd.machine_choice
+    return routed
 
 
 #: searches again, at most, when operators' composed shares cannot run

@@ -35,7 +35,7 @@ def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=
                 plan_graph(graph, k, choose=forced(choose))
             ptd = apply_plan(sym, graph, plan, ctx)
         if group_size:
-            ptd = _routed(ptd, sym, ctx, group_size)
+            ptd = _routed(ptd, group_size)
         if pieces:
             ptd = ptd.with_output_pieces()
     report = tofu_mx.verify(sym, ptd, ctx, rtol=1e-4, atol=1e-5, dtypes=dtypes, arrays=arrays,

@@ -157,7 +157,7 @@ def test_pieces_keep_the_routing_through_groups():
     sym, shapes = models.rnn(2, 32, 3, 40), models.input_shapes("rnn", 16, seq_len=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        relayed = _routed(tofu_mx.partition(sym, devices(8), **shapes), sym, devices(8), 4)
+        relayed = _routed(tofu_mx.partition(sym, devices(8), **shapes), 4)
     pieces = relayed.with_output_pieces()
     assert pieces.program.group_size == 4 and pieces.output_pieces
     report = tofu_mx.verify(sym, pieces, devices(8), oracle="float64", **shapes)

@@ -95,7 +95,7 @@ def test_a_gathered_weight_crosses_to_each_group_once():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         direct = apply_plan(sym, graph, baseline_plan(graph, 4, "data_parallel"), ctx)
-        relayed = _routed(direct, sym, ctx, 2)
+        relayed = _routed(direct, 2)
     assert relays(direct) == 0 and relays(relayed) > 0
     before, after = group_crossings(direct, 2), group_crossings(relayed, 2)
     weights = sum(n.outputs[0].nbytes for n in graph.variables("param"))
@@ -114,7 +114,7 @@ def test_nothing_changes_within_one_group():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         ptd = tofu_mx.partition(sym, ctx, **shapes)
-        same = _routed(ptd, sym, ctx, 4)
+        same = _routed(ptd, 4)
     assert same.program.group_size == 4       # recorded, so that it can be routed again
     assert dataclasses.replace(same.program, group_size=0) == ptd.program
 
