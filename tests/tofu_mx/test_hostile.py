@@ -549,7 +549,8 @@ for field, value in [("memory_weight", -1), ("memory_weight", "16"),
                      ("memory_weight", float("inf")), ("optimizer_state", float("nan")),
                      ("optimizer_state", -0.5), ("max_states", 0), ("max_states", 2.5),
                      ("max_states", True), ("tie", "yes"), ("tie", 1), ("try_factor_orders", None),
-                     ("progress", "no")]:
+                     ("progress", "no"), ("conversion_bytes", -1),
+                     ("conversion_bytes", "250e3"), ("conversion_bytes", float("nan"))]:
     case(f"SearchOptions({field}={value!r})",
          lambda env, f=field, v=value: Call(SearchOptions, **{f: v}),
          InvalidArgumentError, field)
@@ -1337,7 +1338,8 @@ def test_a_cyclic_symbol_is_a_clear_error():
 
 
 @pytest.mark.parametrize("field, value", [("optimizer_state", 1e308), ("memory_weight", 1e300),
-                                          ("balance", 1e200), ("max_states", 1 << 62)])
+                                          ("balance", 1e200), ("max_states", 1 << 62),
+                                          ("conversion_bytes", 1e300)])
 def test_search_options_past_any_meaning_are_refused(field, value):
     """Seen: SearchOptions(optimizer_state=1e308) accepted, then an OverflowError."""
     with pytest.raises(tofu_mx.InvalidArgumentError,

@@ -71,6 +71,7 @@ class Candidate:
     #                            (nnvm_passes.program.relayed_reads); 0: to each reader
     groups: int = 0            # the hybrid's device groups, data parallel (0: not a hybrid)
     interleaved: bool = False  # split blocks (an LSTM's gates) stored interleaved
+    conversion_bytes: float = 0.0  # SearchOptions.conversion_bytes it was searched with
 
 
 @dataclass(frozen=True)
@@ -707,9 +708,12 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes,
     return fit_budget(measure, budgets, options.memory_weight, others)
 
 
-#: the plans ``partition(machine=...)`` weighs: (label, SearchOptions.refetch)
-STEP_TIME_CANDIDATES = (("converted inputs fetched again for the backward pass", True),
-                        ("converted inputs kept for the backward pass", False))
+#: the plans ``partition(machine=...)`` weighs: (label, SearchOptions.refetch, whether
+#: conversions are priced at the machine's Machine.conversion_bytes)
+STEP_TIME_CANDIDATES = (("converted inputs fetched again for the backward pass", True, False),
+                        ("converted inputs kept for the backward pass", False, False),
+                        ("converted inputs kept for the backward pass; each conversion priced "
+                         "at {} (fewer operators)", False, True))
 
 
 def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context,
@@ -718,8 +722,11 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
                         compare: bool = True, join_outputs: bool = True,
                         **shapes) -> PartitionedSymbol:
     """``partition(..., machine=machine)``: each plan of :data:`STEP_TIME_CANDIDATES` (the
-    fewest-bytes plan at ``options`` but for re-fetching; within ``memory_budget`` if
-    given), one training step of it simulated on ``machine``
+    fewest-bytes plan at ``options`` but for re-fetching, and the plan that keeps them with
+    each conversion priced at the machine's :attr:`~tofu_mx.sim.Machine.conversion_bytes`
+    (a transfer's latency and operator launches: fewer, larger conversions, where bytes
+    moved are cheaper than operators run; skipped where it is the keeping plan again);
+    within ``memory_budget`` if given), one training step of it simulated on ``machine``
     (:func:`tofu_mx.sim.partitioned_step`, ``options.optimizer_state``); the fastest whose
     every device's peak fits the machine's memory, else the one needing the least. Re-fetching
     moves more bytes and re-runs shares but holds less; keeping holds more and runs fewer
@@ -750,19 +757,28 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
     options = SearchOptions.of(options)
     weighed, errors = [], []
     groups = machine.group_size if machine.group_size < len(contexts) else 0
-    for (label, refetch), interleave in itertools.product(
+    searched = []       # (layouts, strategies, interleaved) of each plan weighed
+    for (label, refetch, priced), interleave in itertools.product(
             STEP_TIME_CANDIDATES, (True, False) if options.interleave else (False,)):
         if options.interleave and not interleave and \
                 not any(c.interleaved for c, _ in weighed):
             continue        # nothing was interleaved: the same plans again
+        conversion_bytes = machine.conversion_bytes if priced else options.conversion_bytes
         try:
             ptd = _partition(symbol, contexts, memory_budget,
                              dataclasses.replace(options, refetch=refetch,
-                                                 interleave=interleave),
+                                                 interleave=interleave,
+                                                 conversion_bytes=conversion_bytes),
                              dtypes, strict, shapes, join_outputs)
         except NoFeasiblePlanError as e:
             errors.append(e)
             continue
+        found = (ptd.plan.tensors, ptd.plan.ops, ptd.plan.unlowered, interleave)
+        if priced:
+            if found in searched:
+                continue    # the plan found without pricing them
+            label = label.format(format_bytes(conversion_bytes))
+        searched.append(found)
         if options.interleave and not interleave:
             label = f"{label}; {NOT_INTERLEAVED}"
         routed = [(label, 0, ptd)]
@@ -773,7 +789,8 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
             step, peaks = sim.partitioned_step(built, machine, options.optimizer_state)
             weighed.append((Candidate(text, step, max(peaks), max(peaks) <= machine.memory,
                                       refetch, group_size,
-                                      interleaved=bool(built.graph.layouts)), built))
+                                      interleaved=bool(built.graph.layouts),
+                                      conversion_bytes=conversion_bytes), built))
     if not weighed:
         raise min(errors, key=lambda e: e.footprint)
     weighed.sort(key=lambda c: (not c[0].fits, c[0].step if c[0].fits else c[0].peak))

@@ -184,9 +184,10 @@ class Cut:
     def __init__(self, graph: Graph, view: View, parts: int, tie: bool = True,
                  needs_grad: dict | None = None, memory_weight: float = 0.0,
                  refetch: bool = False, structure: GraphStructure | None = None,
-                 kept_tensors: frozenset = frozenset()):
+                 kept_tensors: frozenset = frozenset(), conversion_bytes: float = 0.0):
         self.graph, self.view, self.parts = graph, view, parts
         self.memory_weight, self.refetch = memory_weight, refetch
+        self.conversion_bytes = conversion_bytes    # SearchOptions.conversion_bytes
         self.kept_tensors = kept_tensors    # (node, output): copies kept even when refetching
         self.structure = structure if structure is not None else \
             GraphStructure.of(graph, needs_grad)
@@ -201,6 +202,7 @@ class Cut:
         self._rows: dict[tuple, tuple] = {}
         self._bytes: dict[tuple, int] = {}
         self._excess: dict[tuple, float] = {}   # with a memory weight: bytes stored above 1/p
+        self._conversions: dict[tuple, int] = {}    # with conversion_bytes: passes converting
         self._resolutions: dict[tuple, tuple] = {}
         self._interned: list[tuple] = []
         self._intern_ids: dict[tuple, int] = {}
@@ -421,6 +423,8 @@ class Cut:
             row = self._resolve_copy(copy, choice)
             self._rows[key] = row
             self._bytes[key] = self._producer_bytes(copy, row)
+            if self.conversion_bytes:
+                self._conversions[key] = self._producer_conversions(copy, row)
             if self.memory_weight:
                 self._excess[key] = sum(
                     _excess(layout, self.view.op_out[m][j], self._itemsize(m, j),
@@ -477,6 +481,19 @@ class Cut:
                                    self._itemsize(m, j), self.needs_grad[(m, j)])
         return total
 
+    def _producer_conversions(self, copy: list[int], row: tuple) -> int:
+        """The passes that convert what the copy's members compute into their stored layouts
+        (each output that moves bytes: the forward pass, and the backward pass where it has
+        a gradient)."""
+        total = 0
+        for m, (s, stored) in zip(copy, row):
+            for j, layout in enumerate(stored[:len(s.outputs)]):
+                grad = self.needs_grad[(m, j)]
+                if _producer(layout, self.view.op_out[m][j], s.outputs[j],
+                             s.output_layouts[j].kind == "partial", self._itemsize(m, j), grad):
+                    total += 1 + bool(grad)
+        return total
+
     def _itemsize(self, member: int, j: int) -> int:
         """Bytes of one element of operator ``member``'s output ``j``."""
         return itemsize_of(self.graph.nodes[member].outputs[j].dtype)
@@ -484,21 +501,26 @@ class Cut:
     def _resolution(self, group: Group) -> tuple["Resolution", np.ndarray, np.ndarray]:
         """The group's :class:`Resolution` (shared by the groups whose copies have its
         structures), the producer cost of each of its choices and, with a memory weight,
-        that cost plus the weighted bytes its outputs are stored above an even share
-        (computed once per choice set and copy structures; read-only)."""
+        that cost plus the weighted bytes its outputs are stored above an even share (with
+        ``conversion_bytes``, plus that for each pass converting them) (computed once per
+        choice set and copy structures; read-only)."""
         copy_keys = self._copy_keys
         keys = tuple([copy_keys[copy[0]] for copy in group.copies])
         choices_id = self._shape_id[group.copies[0][0]]
         found = self._resolutions.get((choices_id, keys))
         if found is None:
-            rows, unary, excess = [], [], []
+            rows, unary, excess, conversions = [], [], [], []
             for choice in group.choices:
                 rows.append(tuple(self._row(copy, choice) for copy in group.copies))
                 unary.append(float(sum(self._bytes[(key, choice)] for key in keys)))
                 if self.memory_weight:
                     excess.append(sum(self._excess[(key, choice)] for key in keys))
+                if self.conversion_bytes:
+                    conversions.append(sum(self._conversions[(key, choice)] for key in keys))
             cost = np.array(unary, dtype=np.float64)
             weighted = cost + self.memory_weight * np.array(excess) if excess else cost
+            if conversions:
+                weighted = weighted + self.conversion_bytes * np.array(conversions)
             cost.flags.writeable = weighted.flags.writeable = False
             found = self._resolutions[(choices_id, keys)] = (
                 Resolution(tuple(rows), keys, choices_id), cost, weighted)
@@ -545,7 +567,7 @@ class Cut:
             self._edges(batches, where, var_rows, var_row_of)
         bytes_problem = make_indexed_problem(names, choices, unary, source, target, which,
                                              costs)
-        weighted = bytes_problem if not self.memory_weight else make_indexed_problem(
+        weighted = bytes_problem if not self.weighted else make_indexed_problem(
             names, choices, weighted_unary, source, target, which, weights)
         return CutProblem(weighted, bytes_problem, slots, where, tuple(resolved), refetched)
 
@@ -643,6 +665,12 @@ class Cut:
                                    key[chosen, 1], key[chosen, 2], reader_start,
                                    port[at])
         return (source, target, which, costs, weights), refetched
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the search minimises more than the bytes moved (a memory weight, or
+        conversions priced)."""
+        return bool(self.memory_weight or self.conversion_bytes)
 
     def kept_copies(self, edges: "RefetchedEdges", assignment: Sequence[int]
                     ) -> tuple[np.ndarray, np.ndarray]:
@@ -764,25 +792,32 @@ class Cut:
         tensor's shape); ``facts``: its itemsize and gradient; ``kept``: a converted copy
         lives until the backward pass; ``again``: the backward pass fetches it again (its
         reader re-fetches, :func:`~tofu_mx.search.structure.refetches_inputs`); ``inside``:
-        both in one group, moving together.
+        both in one group, moving together. With ``conversion_bytes``, the weighted cost
+        adds that for each pass converting the tensor where the reader fetches bytes or reads
+        a converted copy (the forward pass; the backward pass's mirror where it has a
+        gradient; the second fetch where ``again``).
         Computed once per distinct edge; the matrices are shared, read-only."""
         layouts, (regions, shape) = self._interned[held], self._interned[read]
         itemsize, grad = self.structure.facts_of_tensors[facts]
         weigh = kept and self.memory_weight     # the converted copy's bytes, weighted
+        priced = self.conversion_bytes
         if inside:
             cost = np.diag(np.array([_consumer(layouts[c], shape, regions[c], itemsize, grad,
                                                again) for c in range(len(regions))],
                                     dtype=np.float64))
-            if weigh:
+            if weigh or priced:
                 buf = np.diag(np.array([_buffer(layouts[c], shape, regions[c], itemsize)
                                         for c in range(len(regions))], dtype=np.float64))
         else:
             cost = np.array([[_consumer(a, shape, need, itemsize, grad, again)
                               for need in regions] for a in layouts], dtype=np.float64)
-            if weigh:
+            if weigh or priced:
                 buf = np.array([[_buffer(a, shape, need, itemsize) for need in regions]
                                 for a in layouts], dtype=np.float64)
         weighted = cost + self.memory_weight * buf if weigh else cost
+        if priced:
+            passes = 1 + bool(grad) + bool(again)
+            weighted = weighted + (priced * passes) * ((cost > 0) | (buf > 0))
         cost.flags.writeable = weighted.flags.writeable = False
         return cost, weighted
 

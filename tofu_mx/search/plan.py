@@ -49,11 +49,13 @@ from tofu_mx.tdl.registry import Attrs, Description, facts, generation
 #: bounds of SearchOptions' numbers, past which they mean nothing more (and their products
 #: with byte counts would overflow): a state of 2**32 float64 entries already needs 32 GiB;
 #: no optimizer keeps a thousand copies of a parameter; a memory weight of a million prices
-#: memory above any byte moved; a device may hold a thousand times the ideal
+#: memory above any byte moved; a device may hold a thousand times the ideal; no conversion
+#: costs more than a terabyte moved
 MAX_STATES = 1 << 32
 MAX_OPTIMIZER_STATE = 1000.0
 MAX_MEMORY_WEIGHT = 1e6
 MAX_BALANCE = 1000.0
+MAX_CONVERSION_BYTES = 1e12
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,10 @@ class SearchOptions:
     interleave: bool = True           # store the blocks a split cuts interleaved (an LSTM's
     #                                   gates: each device a slice of every gate; see
     #                                   nnvm_passes.interleave)
+    conversion_bytes: float = 0.0     # bytes each conversion is priced at besides those it
+    #                                   moves, once per pass that runs it (its fixed cost: a
+    #                                   transfer's latency, operator launches; 0: fewest bytes
+    #                                   moved, as Tofu; machine= also weighs its machine's)
 
     def __post_init__(self):
         set_ = object.__setattr__     # frozen: each field is stored in its checked form
@@ -108,6 +114,11 @@ class SearchOptions:
             self.memory_weight, "SearchOptions.memory_weight", minimum=0,
             maximum=MAX_MEMORY_WEIGHT,
             example="memory_weight=0 (fewest bytes moved) or 16 (less memory)"))
+        set_(self, "conversion_bytes", arguments.real(
+            self.conversion_bytes, "SearchOptions.conversion_bytes", minimum=0,
+            maximum=MAX_CONVERSION_BYTES,
+            example="conversion_bytes=0 (fewest bytes moved) or 250e3 (a conversion's fixed "
+                    "cost on 8 V100s over PCIe: tofu_mx.sim.machine(...).conversion_bytes)"))
         if self.progress is not None:
             set_(self, "progress", arguments.flag(self.progress, "SearchOptions.progress"))
 
@@ -587,6 +598,7 @@ def _solve_level(graph: Graph, view: View, parts: int, options: SearchOptions,
     baselines, tests that force a strategy); ``avoid``: ``(operator name, strategy name)``
     pairs not chosen at this cut."""
     cut = Cut(graph, view, parts, tie=options.tie, memory_weight=options.memory_weight,
+              conversion_bytes=options.conversion_bytes,
               refetch=options.refetch, structure=structure, kept_tensors=kept_tensors)
     problem = cut.problem()
     if avoid:

@@ -29,6 +29,10 @@ from tofu_mx.errors import InvalidArgumentError
 
 GiB = 1 << 30
 GB = 10 ** 9
+#: the operators one conversion between layouts runs on a device, about: the cross-device
+#: copy MXNet inserts, the cut or join (SliceChannel, concatenate, stack), and a copy on the
+#: sender or a reshape (nnvm_passes.emit)
+CONVERSION_OPERATORS = 3
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,14 @@ class Machine:
                 f"Machine.network must be a tofu_mx.sim.Link or None, got "
                 f"{arguments.show(self.network)}; e.g. network=Link(10e9, 5e-6) for one "
                 f"100 Gb/s InfiniBand EDR adapter")
+
+    @property
+    def conversion_bytes(self) -> float:
+        """The bytes a conversion's fixed cost is worth on this machine: one transfer's
+        latency over ``peer`` and :data:`CONVERSION_OPERATORS` launches, at ``peer``'s
+        bandwidth (:attr:`tofu_mx.SearchOptions.conversion_bytes`; ``partition(machine=)``
+        weighs the plan searched with it)."""
+        return (self.peer.latency + CONVERSION_OPERATORS * self.launch) * self.peer.bandwidth
 
     def rate(self, op: str | None = None) -> float:
         """FLOP/s operator ``op`` reaches on one device (``flops`` times its efficiency)."""

@@ -32,6 +32,19 @@ def ctx(k):
 ONE_LAYOUT = SearchOptions(interleave=False)
 
 
+def plans_searched(candidates) -> int:
+    """How many plans ``candidates`` were searched as: the fewest-bytes plans re-fetching and
+    keeping, and the keeping one with each conversion priced (where it is another plan)."""
+    kinds = {(c.refetch, bool(c.conversion_bytes)) for c in candidates}
+    assert {(True, False), (False, False)} <= kinds <= \
+        {(True, False), (False, False), (False, True)}
+    return len(kinds)
+
+
+#: the first part of each candidate's label
+LABELS = {label.split("; ")[0] for label, _, _ in STEP_TIME_CANDIDATES}
+
+
 def weighed(machine, k=3, options=ONE_LAYOUT):
     sym, shapes = lstm()
     return tofu_mx.partition(sym, ctx(k), machine=machine, options=options, **shapes)
@@ -41,15 +54,16 @@ def test_the_fastest_candidate_that_fits_is_chosen_and_it_computes_the_same():
     sym, shapes = lstm()
     ptd = weighed(V100)
     choice = ptd.machine_choice
-    assert choice.machine == V100 and len(choice.candidates) == len(STEP_TIME_CANDIDATES)
+    assert choice.machine == V100
+    assert len(choice.candidates) == plans_searched(choice.candidates)
     assert all(c.fits for c in choice.candidates)
     assert choice.chosen is choice.candidates[0]
     assert choice.chosen.step == min(c.step for c in choice.candidates)
-    # the chosen partition is the plan partition() makes with that re-fetching choice,
-    # and its simulated step is what the choice says
-    refetch = dict(STEP_TIME_CANDIDATES)[choice.chosen.label]
-    plain = tofu_mx.partition(sym, ctx(3), options=SearchOptions(refetch=refetch,
-                                                                 interleave=False), **shapes)
+    # the chosen partition is the plan partition() makes with its options, and its
+    # simulated step is what the choice says
+    plain = tofu_mx.partition(sym, ctx(3), options=SearchOptions(
+        refetch=choice.chosen.refetch, interleave=False,
+        conversion_bytes=choice.chosen.conversion_bytes), **shapes)
     assert plain.plan.to_json() == ptd.plan.to_json()
     step, peaks = sim.partitioned_step(ptd, sim.machine(V100))
     assert step == choice.chosen.step and max(peaks) == choice.chosen.peak
@@ -63,13 +77,13 @@ def test_memory_decides_before_time():
     """A machine whose memory lies between the two candidates' peaks gets the one that fits,
     however slow; one with too little for both gets the one needing the least."""
     base = sim.machine(V100)
-    both = weighed(base).machine_choice.candidates
-    small, large = sorted(both, key=lambda c: c.peak)
+    weighed_ = weighed(base).machine_choice.candidates
+    small, large = sorted(weighed_, key=lambda c: c.peak)[:2]
     assert small.peak < large.peak
     between = dataclasses.replace(base, memory=(small.peak + large.peak) // 2)
     choice = weighed(between).machine_choice
     assert choice.chosen.label == small.label and choice.chosen.fits
-    assert [c.fits for c in choice.candidates] == [True, False]
+    assert [c.fits for c in choice.candidates] == [True] + [False] * (len(weighed_) - 1)
     tiny = dataclasses.replace(base, memory=small.peak // 2)
     ptd = weighed(tiny)
     assert ptd.machine_choice.chosen.label == small.label
@@ -173,7 +187,7 @@ def test_the_simulator_runs_the_chosen_plan():
     default = sim.simulate(sym, machine, "tofu", **shapes)
     assert chosen.fits and default.fits
     assert chosen.step_time <= default.step_time
-    assert chosen.note.split("; ")[0] in dict(STEP_TIME_CANDIDATES)
+    assert chosen.note.split("; ")[0] in LABELS
 
 
 def test_plans_are_weighed_routed_through_the_machines_groups():
@@ -183,8 +197,9 @@ def test_plans_are_weighed_routed_through_the_machines_groups():
     sym, shapes = lstm()
     ptd = weighed(V100, k=8)
     choice = ptd.machine_choice
-    assert len(choice.candidates) == 2 * len(STEP_TIME_CANDIDATES)
-    assert sorted(c.group_size for c in choice.candidates) == [0, 0, 4, 4]
+    plans = plans_searched(choice.candidates)
+    assert len(choice.candidates) == 2 * plans
+    assert sorted(c.group_size for c in choice.candidates) == [0] * plans + [4] * plans
     assert choice.chosen.step == min(c.step for c in choice.candidates)
     relayed = [c for c in choice.candidates if c.group_size]
     assert all("sent to the group once" in c.label for c in relayed)
@@ -201,8 +216,9 @@ def chosen_and_verified(sym, k, dtypes, shapes):
     report = tofu_mx.verify(sym, ptd, ctx(k), rtol=1e-4, atol=1e-5, dtypes=dtypes, **shapes)
     assert report.ok, report
     candidates = ptd.machine_choice.candidates     # twice as many where gates interleave
-    assert len(candidates) == 2 * len(STEP_TIME_CANDIDATES) * (
-        2 if any(c.interleaved for c in candidates) else 1)
+    assert len(candidates) == 2 * sum(      # each plan also relayed through the groups
+        plans_searched([c for c in candidates if c.interleaved == layout])
+        for layout in {c.interleaved for c in candidates})
     return ptd
 
 
@@ -213,13 +229,15 @@ def test_interleaved_gates_are_weighed_against_one_after_another():
     sym, shapes = lstm()
     ptd = weighed(V100, options=None)
     choice = ptd.machine_choice
-    assert len(choice.candidates) == 2 * len(STEP_TIME_CANDIDATES)
-    assert sorted(c.interleaved for c in choice.candidates) == [False, False, True, True]
+    interleaved = [c for c in choice.candidates if c.interleaved]
+    apart = [c for c in choice.candidates if not c.interleaved]
+    assert len(choice.candidates) == plans_searched(interleaved) + plans_searched(apart)
     assert all((NOT_INTERLEAVED in c.label) != c.interleaved for c in choice.candidates)
     assert choice.chosen.step == min(c.step for c in choice.candidates)
     assert bool(ptd.graph.layouts) == choice.chosen.interleaved
     plain = tofu_mx.partition(sym, ctx(3), options=SearchOptions(
-        refetch=choice.chosen.refetch, interleave=choice.chosen.interleaved), **shapes)
+        refetch=choice.chosen.refetch, interleave=choice.chosen.interleaved,
+        conversion_bytes=choice.chosen.conversion_bytes), **shapes)
     assert plain.plan.to_json() == ptd.plan.to_json()
     report = tofu_mx.verify(sym, ptd, ctx(3), rtol=1e-4, atol=1e-5, **shapes)
     assert report.ok, report
@@ -228,7 +246,7 @@ def test_interleaved_gates_are_weighed_against_one_after_another():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         other = tofu_mx.partition(wres, ctx(3), machine=V100, **wshapes).machine_choice
-    assert len(other.candidates) == len(STEP_TIME_CANDIDATES)
+    assert len(other.candidates) == plans_searched(other.candidates)
     assert not any(c.interleaved for c in other.candidates)
 
 

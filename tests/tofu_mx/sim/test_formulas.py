@@ -129,3 +129,10 @@ def test_bad_links_devices_and_names_are_refused_clearly():
         sim.machine("8xV100")
     with pytest.raises(InvalidArgumentError, match="flops must be >= 0"):
         sim.compute_time(-1, 0, m)
+
+
+def test_a_conversions_fixed_cost_in_bytes_is_a_transfers_latency_and_three_launches():
+    # (1 us + 3 x 1 us) at 10 GB/s: 40 kB; the V100 PCIe preset (10 us + 3 x 5 us) at 10 GB/s
+    assert toy().conversion_bytes == pytest.approx(40e3)
+    assert toy(launch=0, peer=Link(10 * GB, 0)).conversion_bytes == 0
+    assert sim.machine("8xV100-16GB-PCIe").conversion_bytes == pytest.approx(250e3)
