@@ -22,7 +22,8 @@
     its fixed cost per call k times (plus the conversions' calls), which weighs on small
     operators; the operator-node counts show how many calls each graph makes, and the
     busiest device's count (``PartitionedSymbol.operators_per_device()``: its group's nodes
-    and the cross-device copies MXNet inserts into it) against the unpartitioned graph's.
+    and the cross-device copies MXNet inserts into it) against the unpartitioned graph's,
+    for the default plan and for ``machine=``'s.
 (c) cross-device copies: tensors crossing ctx groups in the rewritten forward graph (count,
     bytes; the backward pass mirrors them) against the plan's predicted bytes.
 (d) memory order: the same plan rewritten without and with Tofu's control dependencies
@@ -161,7 +162,7 @@ def overhead_rows(cases, repeats: int):
         req = {n: "write" if n in params else "null" for n in sym.list_arguments()}
         ref = sym.simple_bind(mx.cpu(0), grad_req=req, **shapes)
         fill(ref)
-        exes, nodes, busiest, chosen = [ref], [operator_nodes(sym)], [], []
+        exes, nodes, busiest, chosen, by_time_busiest = [ref], [operator_nodes(sym)], [], [], []
         for k in (2, 4):
             ptd = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
             nodes.append(operator_nodes(ptd.symbol))
@@ -173,12 +174,15 @@ def overhead_rows(cases, repeats: int):
             here = dataclasses.replace(sim.machine("cpu"), num_devices=k)
             by_time = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], machine=here,
                                         **shapes)
-            chosen.append("keeps" if not by_time.machine_choice.chosen.refetch else
-                          "fetches again")
+            picked = by_time.machine_choice.chosen
+            chosen.append(("keeps" if not picked.refetch else "fetches again") +
+                          (", conversions priced" if picked.conversion_bytes else ""))
+            by_time_busiest.append(max(by_time.operators_per_device()))
             exes += [on_cpu0(ptd, req), many, on_cpu0(by_time, req)]
         base, *others = step_times(exes, repeats)
         row = [label, " / ".join(map(str, nodes)),
                " / ".join(f"{n} ({n / nodes[0]:.1f}x)" for n in busiest),
+               " / ".join(f"{n} ({n / nodes[0]:.1f}x)" for n in by_time_busiest),
                f"{base * 1e3:.1f}"] + \
             [f"{t / base:.2f}" for t in others[:2]] + \
             [f"{others[2] / base:.2f} ({chosen[0]})"] + \
@@ -265,13 +269,15 @@ def main():
             table(head, mem), "", "## (b) overhead (ratios to the unpartitioned graph on cpu(0))",
             "", table(["model", "operator nodes (1 / k=2 / k=4)",
                        "busiest device's operators, with MXNet's copies (k=2 / k=4)",
+                       "the same, machine=cpu's plan (k=2 / k=4)",
                        "unpartitioned ms",
                        "k=2 all on cpu(0)", "k=2 on cpu(0..1)",
                        "k=2 machine=cpu, all on cpu(0)", "k=4 all on cpu(0)",
                        "k=4 on cpu(0..3)", "k=4 machine=cpu, all on cpu(0)"], over), "",
             "machine=cpu: the plan `partition(..., machine=...)` chooses on this machine's "
             "fitted preset (`tofu_mx.sim.machine(\"cpu\")` with k devices sharing its "
-            "cores), and which.", "",
+            "cores), and which (conversions priced: the plan searched with each conversion "
+            "priced at the machine's `conversion_bytes`).", "",
             "cpu(0..k-1) timings share 2 cores and one process: not a model of GPUs.", "",
             "## (d) memory order: the same plan without and with Tofu's control dependencies",
             "", table(["model", "k", "MXNet planned MB", "planned MB, ordered",
