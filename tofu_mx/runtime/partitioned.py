@@ -652,7 +652,8 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     ``machine``: a :class:`tofu_mx.sim.Machine` or a preset's name (``"8xV100-16GB-PCIe"``)
     with at least as many devices as ``ctx``: the plan is chosen by the simulator's step time
     on it (:func:`choose_by_step_time`) among the fewest-bytes plans fetching converted inputs
-    again for the backward pass and keeping them, each also routed through the machine's
+    again for the backward pass and keeping them, and the keeping plan searched with each
+    conversion priced at the machine's ``conversion_bytes``, each also routed through the machine's
     device groups where ``ctx`` spans several (a value several devices of a group read
     crosses to the group once), the fastest whose peak memory fits the machine's;
     :attr:`PartitionedSymbol.machine_choice` and ``report()`` say which and why, and

@@ -977,15 +977,21 @@ def _candidates(graph: Graph, num_devices: int, options: SearchOptions, choose,
                 factors: Sequence[int] | None = None, avoid: frozenset = frozenset()
                 ) -> list[Plan]:
     """The plan of every order of the device count's prime factors (or of ``factors``
-    alone), fewest bytes first; ``small_weights``: :func:`_small_weights`."""
+    alone), fewest bytes first (with ``options.conversion_bytes``: the least bytes and
+    conversions as the search priced them); ``small_weights``: :func:`_small_weights`."""
     orders = [tuple(factors)] if factors is not None else \
         factor_orders(num_devices, options.try_factor_orders) if num_devices > 1 else [()]
     weights, used = small_weights
-    return sorted((_assemble(graph, num_devices, order,
-                             search_levels(graph, order, options, choose, shared.structure,
-                                           weights, avoid),
-                             options, shared, weights, used) for order in orders),
-                  key=lambda p: (p.exact_bytes, p.factors))
+    found = []
+    for order in orders:
+        results = search_levels(graph, order, options, choose, shared.structure, weights,
+                                avoid)
+        plan = _assemble(graph, num_devices, order, results, options, shared, weights, used)
+        priced = sum(level.groups * r.problem.problem.cost(r.solution.assignment)
+                     for level, r in zip(plan.levels, results)) \
+            if options.conversion_bytes else plan.exact_bytes
+        found.append((priced, plan.factors, plan))
+    return [plan for _, _, plan in sorted(found, key=lambda x: x[:2])]
 
 
 def _small_weights(graph: Graph, num_devices: int, options: SearchOptions,

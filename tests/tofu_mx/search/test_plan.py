@@ -650,3 +650,25 @@ def test_a_levels_bytes_are_the_bytes_problems_sum(weight):
         assert _bytes_moved(r) == r.problem.bytes_problem.cost(r.solution.assignment)
         if weight == 0.0:
             assert _bytes_moved(r) == r.solution.cost
+
+
+def test_with_conversions_priced_the_factor_order_is_chosen_by_the_priced_cost():
+    """At k = 6 the two orders of 2 and 3 are searched; with conversions priced the plan is
+    the order whose bytes and conversions, as the search priced them, cost least, not the
+    one moving fewer bytes (here they differ)."""
+    sym, shapes = models.wresnet(14, 1, 10), models.input_shapes("wresnet", 12, image_size=32)
+    graph = lower_graph(import_symbol(sym, **shapes), 6)
+    options = SearchOptions(refetch=False, conversion_bytes=250e3)
+
+    def priced(order):
+        groups = [math.prod(order[:k]) for k in range(len(order))]
+        return sum(n * r.problem.problem.cost(r.solution.assignment)
+                   for n, r in zip(groups, search_levels(graph, order, options)))
+    orders = {order: (priced(order), plan_graph(graph, 6, options=options, factors=order))
+              for order in [(2, 3), (3, 2)]}
+    cheapest = min(orders, key=lambda o: orders[o][0])
+    fewest = min(orders, key=lambda o: orders[o][1].exact_bytes)
+    assert cheapest != fewest       # the case the rule is for
+    assert plan_graph(graph, 6, options=options).factors == cheapest
+    assert plan_graph(graph, 6, options=dataclasses.replace(
+        options, conversion_bytes=0)).exact_bytes <= orders[fewest][1].exact_bytes
