@@ -142,6 +142,7 @@ def counts(rows) -> list[str]:
 def _kept(note: str) -> str:
     """The chosen candidate in a word or two."""
     how = "keeps" if "kept" in note else "fetches again" if "again" in note else note
+    how = f"{how}, conversions priced" if "conversion priced" in note else how
     how = f"{how}, gates one after another" if "not interleaved" in note else how
     return f"{how}, once per group" if "sent to the group once" in note else how
 
