@@ -9,6 +9,13 @@ bytes; of a reduce-scatter, an all-gather), so a tensor that needs a gradient pa
 converted input that a gradient reads and that the backward pass fetches again
 (``SearchOptions.refetch``) pays its forward fetch once more.
 
+These are the bytes moved. The search may minimise more: with ``SearchOptions.memory_weight``
+the converted copies kept and the bytes stored above an even share, weighted; with
+``SearchOptions.conversion_bytes`` a fixed price for each pass that runs a conversion (a
+reader fetching bytes or reading a converted copy, an output brought into its stored
+layout), what a transfer's latency and its operators' launches cost whatever the bytes
+(:meth:`tofu_mx.search.cut.Cut._edge_matrices`). ``Plan.total_bytes`` stays the bytes.
+
 Closed forms (``S`` the tensor's bytes), each tested:
 
 ==============================  ===========================
