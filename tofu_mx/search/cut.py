@@ -202,7 +202,7 @@ class Cut:
         self._rows: dict[tuple, tuple] = {}
         self._bytes: dict[tuple, int] = {}
         self._excess: dict[tuple, float] = {}   # with a memory weight: bytes stored above 1/p
-        self._conversions: dict[tuple, int] = {}    # with conversion_bytes: passes converting
+        self._conversions: dict[tuple, int] = {}    # passes converting (conversion_bytes)
         self._resolutions: dict[tuple, tuple] = {}
         self._interned: list[tuple] = []
         self._intern_ids: dict[tuple, int] = {}
@@ -422,9 +422,7 @@ class Cut:
         if key not in self._rows:
             row = self._resolve_copy(copy, choice)
             self._rows[key] = row
-            self._bytes[key] = self._producer_bytes(copy, row)
-            if self.conversion_bytes:
-                self._conversions[key] = self._producer_conversions(copy, row)
+            self._bytes[key], self._conversions[key] = self._producer_costs(copy, row)
             if self.memory_weight:
                 self._excess[key] = sum(
                     _excess(layout, self.view.op_out[m][j], self._itemsize(m, j),
@@ -471,28 +469,20 @@ class Cut:
             return store
         return options[0]
 
-    def _producer_bytes(self, copy: list[int], row: tuple) -> int:
-        """Bytes to bring what the copy's members compute into their stored layouts."""
-        total = 0
-        for m, (s, stored) in zip(copy, row):
-            for j, layout in enumerate(stored[:len(s.outputs)]):
-                total += _producer(layout, self.view.op_out[m][j], s.outputs[j],
-                                   s.output_layouts[j].kind == "partial",
-                                   self._itemsize(m, j), self.needs_grad[(m, j)])
-        return total
-
-    def _producer_conversions(self, copy: list[int], row: tuple) -> int:
-        """The passes that convert what the copy's members compute into their stored layouts
-        (each output that moves bytes: the forward pass, and the backward pass where it has
-        a gradient)."""
-        total = 0
+    def _producer_costs(self, copy: list[int], row: tuple) -> tuple[int, int]:
+        """Bytes to bring what the copy's members compute into their stored layouts, and the
+        passes converting them (each output that moves bytes: the forward pass, and the
+        backward pass where it has a gradient; priced with ``conversion_bytes``)."""
+        total = passes = 0
         for m, (s, stored) in zip(copy, row):
             for j, layout in enumerate(stored[:len(s.outputs)]):
                 grad = self.needs_grad[(m, j)]
-                if _producer(layout, self.view.op_out[m][j], s.outputs[j],
-                             s.output_layouts[j].kind == "partial", self._itemsize(m, j), grad):
-                    total += 1 + bool(grad)
-        return total
+                moved = _producer(layout, self.view.op_out[m][j], s.outputs[j],
+                                  s.output_layouts[j].kind == "partial",
+                                  self._itemsize(m, j), grad)
+                total += moved
+                passes += (1 + bool(grad)) if moved else 0
+        return total, passes
 
     def _itemsize(self, member: int, j: int) -> int:
         """Bytes of one element of operator ``member``'s output ``j``."""

@@ -17,6 +17,14 @@ PRICED = SearchOptions(refetch=False, conversion_bytes=250e3)
 FEWEST = SearchOptions(refetch=False)
 
 
+def fewest_bytes(sym, k, dtypes, shapes):
+    """The fewest-bytes keeping plan's partition, to set the priced one against."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], options=FEWEST,
+                                 dtypes=dtypes, **shapes)
+
+
 def wresnet():
     return models.wresnet(14, 1, 10), models.input_shapes("wresnet", 8, image_size=32)
 
@@ -31,10 +39,7 @@ def test_priced_conversions_run_fewer_operators_and_compute_the_same(k):
     sym, shapes = wresnet()
     priced, report = partition_and_verify(sym, k, options=PRICED, **shapes)
     assert report.ok, report
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        fewest = tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], options=FEWEST,
-                                   dtypes=float64(shapes), **shapes)
+    fewest = fewest_bytes(sym, k, float64(shapes), shapes)
     assert priced.plan.total_bytes > fewest.plan.total_bytes
     assert max(priced.operators_per_device()) < 0.5 * max(fewest.operators_per_device())
 
@@ -52,10 +57,7 @@ def test_priced_plans_of_other_models_compute_the_same(name):
         dtypes = float64(shapes)
     priced, report = partition_and_verify(sym, 3, dtypes=dtypes, options=PRICED, **shapes)
     assert report.ok, report
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        fewest = tofu_mx.partition(sym, [mx.cpu(i) for i in range(3)], options=FEWEST,
-                                   dtypes=dtypes, **shapes)
+    fewest = fewest_bytes(sym, 3, dtypes, shapes)
     assert priced.plan.total_bytes > fewest.plan.total_bytes
     if name != "LSTM":
         assert max(priced.operators_per_device()) < max(fewest.operators_per_device()) / 3
