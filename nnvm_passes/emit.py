@@ -11,8 +11,8 @@ VARIABLE   a variable ``<name>@dev<d>``
 SHARE      the operator, named ``<name>@dev<d>``, with the share's attributes
 SLICE      ``SliceChannel`` (equal pieces)
 SPLIT      ``_split_v2`` (pieces at offsets)
-           (either: ``slice_axis`` where one piece is read, which copies that piece only, as
-           a convolution's halo rows from its neighbour)
+CROP       ``slice_axis`` where one axis is cut (it copies that piece only, as a
+           convolution's halo rows from its neighbour), else ``slice``
 STACK      ``_npi_concatenate`` (:data:`JOIN`) along a leading axis (all before it of
            size 1); else ``stack`` then ``Reshape``: MXNet's concatenation along an inner
            axis is about twice as slow (measured on CPU: 2 x (16, 256) float32 pieces
@@ -52,6 +52,7 @@ from tofu_mx.devices import group_name
 
 #: how emitted nodes are counted in :attr:`RewriteResult.counts`, by step kind
 ROLES = {StepKind.SHARE: "operator", StepKind.SLICE: "split", StepKind.SPLIT: "split",
+         StepKind.CROP: "split",
          StepKind.STACK: "concat", StepKind.CONCAT: "concat", StepKind.COMBINE: "combine",
          StepKind.SEND: "send", StepKind.PLACE: "send", StepKind.RELAY: "relay",
          StepKind.RERUN: "rerun",
@@ -89,8 +90,6 @@ class _Emit:
         self.names: set[str] = set()
         self.counts: dict[str, int] = {}
         self.made: list[int] = []          # step -> the node giving its outputs
-        self.read = program.outputs_read()       # step -> its outputs that are read
-        self.single: set[int] = set()            # steps emitted as their one read output
         self.shares: dict[int, list[int]] = {}   # graph operator -> its shares' nodes
         self.shards: list[VarShard] = []         # the variables, as named
         self.alike: dict[tuple, tuple[int, bool]] = {}   # (operator, inputs, attributes) ->
@@ -105,7 +104,7 @@ class _Emit:
         return name
 
     def entry(self, ref: Ref) -> tuple[int, int]:
-        return self.made[ref.step], 0 if ref.step in self.single else ref.output
+        return self.made[ref.step], ref.output
 
     def add(self, op: str, base: str, attrs: Mapping[str, Any], inputs, step: Step,
             counted: bool = True, again: bool | None = None) -> int:
@@ -141,14 +140,17 @@ class _Emit:
             nid = self.add(step.op, step.name, step.attrs, ins, step)
             self.shares.setdefault(step.node, []).append(nid)
             return nid
-        position = len(self.made)                # this step's, in the Program
-        if kind in (StepKind.SLICE, StepKind.SPLIT) and len(self.read.get(position, ())) == 1:
-            (j,) = self.read[position]            # one piece read: cut out that piece alone
-            begin = sum(o.shape[step.axis] for o in step.outputs[:j])
-            self.single.add(position)
-            return self.add("slice_axis", derived, {
-                "axis": str(step.axis), "begin": str(begin),
-                "end": str(begin + step.outputs[j].shape[step.axis])}, ins, step)
+        if kind is StepKind.CROP:              # one axis cut: that axis alone
+            shape = self.program.held(step.inputs[0]).shape
+            cut = [a for a, (r, n) in enumerate(zip(step.region, shape)) if r != (0, n - 1)]
+            if len(cut) == 1:
+                (a,) = cut
+                return self.add("slice_axis", derived, {
+                    "axis": str(a), "begin": str(step.region[a][0]),
+                    "end": str(step.region[a][1] + 1)}, ins, step)
+            return self.add("slice", derived, {
+                "begin": format_attr_value(tuple(lo for lo, _ in step.region)),
+                "end": format_attr_value(tuple(hi + 1 for _, hi in step.region))}, ins, step)
         if kind is StepKind.SLICE:
             return self.add("SliceChannel", derived, {"num_outputs": str(step.parts),
                                                       "axis": str(step.axis)}, ins, step)

@@ -25,7 +25,8 @@ backwards (so a share nobody reads is never made):
   the device holding them, and joined (:attr:`~StepKind.STACK` for pieces of one size,
   :attr:`~StepKind.CONCAT` otherwise) on the device needing it; padding is a
   :attr:`~StepKind.PAD` block; partial outputs are combined (:attr:`~StepKind.COMBINE`) on
-  the device storing the result;
+  the device storing the result; a cut of which one piece is read becomes a
+  :attr:`~StepKind.CROP` of that piece, and a chain of them one (:func:`cropped_cuts`);
 - re-fetching (an operator assigned ``refetch``): its converted inputs are built apart, each
   step marked ``again`` (MXNet's ``__force_mirroring__``): MXNet's gradient pass builds them
   again in the backward pass from the stored shards, so nothing converted is held from the
@@ -81,6 +82,8 @@ class StepKind(enum.Enum):
     TOTAL = "total"          # the sum of zeros, shaped ``(1,) * len(shape)``
     ADD = "add"              # input 0 plus input 1 (broadcast)
     RELAY = "relay"          # a copy on this device read by some of a value's readers
+    CROP = "crop"            # the part ``region`` of input 0 (a cut of which one piece is
+    #                          read, or a chain of such cuts: :func:`cropped_cuts`)
 
 
 class Combine(enum.Enum):
@@ -189,6 +192,7 @@ class Step:
     axis: int = 0                   # SLICE, SPLIT, STACK, CONCAT
     parts: int = 0                  # SLICE
     cuts: tuple[int, ...] = ()      # SPLIT: the offsets where pieces start
+    region: Box = ()                # CROP: per axis of input 0, the first and last index kept
     combine: Combine | None = None  # COMBINE
     value: float = 0.0              # PAD: the value; SCALE: the factor
     to: int | None = None           # SEND: the reading device
@@ -759,8 +763,54 @@ def route(graph: Graph, assignment: Any, cap: int | None = None,
         raise TofuError(f"MXNET_EXEC_INPLACE_GRAD_SUM_CAP={cap}: MXNet then adds even two "
                         f"gradient pieces in place, which is wrong across devices; a "
                         f"partitioned graph needs 3 or more (unset it for MXNet's default, 8)")
-    return bounded_reads(program, cap, lambda step: step.kind is StepKind.SHARE and not
-                         passes_gradient_through(graph.nodes[step.node], graph))
+    return cropped_cuts(bounded_reads(program, cap, lambda step: step.kind is StepKind.SHARE
+                                      and not passes_gradient_through(graph.nodes[step.node],
+                                                                      graph)))
+
+
+def cropped_cuts(program: Program) -> Program:
+    """``program`` with each cut (SLICE, SPLIT) of which one piece is read made a CROP of that
+    piece, and each chain of them made one: a CROP reading a CROP on its device (both marked
+    ``again`` or neither) that nothing else reads crops that one's input instead, and the
+    one before is dropped. MXNet then runs one ``slice_axis`` or ``slice`` where it ran a
+    cut per axis (a strided convolution's input, trimmed along its rows and its columns)."""
+    steps = program.steps
+    read = program.outputs_read()
+    uses: dict[Ref, int] = {}                   # how many reads of each output, heads too
+    for ref in [r for step in steps for r in step.inputs] + list(program.heads):
+        uses[ref] = uses.get(ref, 0) + 1
+    crops: dict[int, Step] = {}                 # old step -> its CROP (old inputs)
+    absorbed: set[int] = set()                  # CROPs another CROP now does
+    for s, step in enumerate(steps):
+        if step.kind not in (StepKind.SLICE, StepKind.SPLIT) or len(read.get(s, ())) != 1:
+            continue
+        (j,) = read[s]
+        shape = program.held(step.inputs[0]).shape
+        first = sum(o.shape[step.axis] for o in step.outputs[:j])
+        region = tuple((0, n - 1) for n in shape)
+        region = region[:step.axis] + ((first, first + step.outputs[j].shape[step.axis] - 1),) \
+            + region[step.axis + 1:]
+        source, name = step.inputs[0], step.name
+        before = crops.get(source.step)
+        if before is not None and uses[source] == 1 and before.device == step.device \
+                and before.again == step.again:
+            region = tuple((lo + b, hi + b) for (lo, hi), (b, _) in zip(region, before.region))
+            source, name = before.inputs[0], before.name + step.name
+            absorbed.add(step.inputs[0].step)
+        crops[s] = dataclasses.replace(step, kind=StepKind.CROP, inputs=(source,),
+                                       outputs=(step.outputs[j],), name=name, axis=0, parts=0,
+                                       cuts=(), region=region)
+    if not crops:
+        return program
+    out = _Rebuilt(program)
+    for s, step in enumerate(steps):
+        if s in absorbed:
+            continue
+        if s in crops:
+            out.only.add(s)
+            step = crops[s]
+        out.keep(s, step, out.inputs(step))
+    return out.result()
 
 
 class _Rebuilt:
@@ -772,10 +822,11 @@ class _Rebuilt:
         self.program = program
         self.steps: list[Step] = []
         self.at: dict[int, int] = {}            # old step -> new step
+        self.only: set[int] = set()             # old steps kept as their one read output
 
     def ref(self, ref: Ref) -> Ref:
         """An old step's output, renumbered."""
-        return Ref(self.at[ref.step], ref.output)
+        return Ref(self.at[ref.step], 0 if ref.step in self.only else ref.output)
 
     def inputs(self, step: Step, moved: Callable[[int], Ref | None] = lambda pos: None
                ) -> tuple[Ref, ...]:

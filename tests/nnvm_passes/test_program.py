@@ -12,7 +12,8 @@ from nnvm_passes.emit import DISTINCT, emit
 from nnvm_passes.exporter import symbol_from_json
 from nnvm_passes.ir import FrozenDict
 from nnvm_passes.program import (Account, Combine, Held, Program, Purpose, Ref, Step,
-                                 StepKind, VarShard, bounded_reads, inplace_sum_cap, route)
+                                 StepKind, VarShard, bounded_reads, cropped_cuts,
+                                 inplace_sum_cap, route)
 from tofu_mx.errors import TofuError
 from tofu_mx.runtime.assign import Assignment, OpAssignment, Share
 from tofu_mx.tdl.annotate import import_graph
@@ -86,8 +87,8 @@ def test_pieces_are_joined_by_one_node_along_a_leading_axis_and_stacked_along_ot
 
 @pytest.mark.parametrize("kind", [StepKind.SPLIT, StepKind.SLICE])
 def test_a_cut_of_which_one_piece_is_read_copies_that_piece_alone(kind):
-    """A SPLIT or SLICE whose one piece is read (a convolution's halo rows) is one
-    slice_axis of that piece; with both read, one _split_v2 / SliceChannel of all."""
+    """A SPLIT or SLICE whose one piece is read (a convolution's halo rows) becomes a CROP,
+    one slice_axis of that piece; with both read, it stays one _split_v2 / SliceChannel."""
     whole = ((0, 3), (0, 2))
     shard = VarShard("data", "data", "data", 0, whole, "float64")
     cut = dict(cuts=(0, 1)) if kind is StepKind.SPLIT else dict(parts=2)
@@ -98,13 +99,63 @@ def test_a_cut_of_which_one_piece_is_read_copies_that_piece_alone(kind):
                   "@split0", axis=0, **cut))
     x = np.random.RandomState(3).randn(4, 3)
     pieces = np.split(x, [1]) if kind is StepKind.SPLIT else np.split(x, 2)
-    for heads, ops in [((Ref(1, 1),), ["slice_axis"]),
-                       ((Ref(1, 0), Ref(1, 1)), ["_split_v2" if kind is StepKind.SPLIT
-                                                 else "SliceChannel"])]:
-        program = Program(steps, heads, 1, {})
+    for heads, kinds, ops in [
+            ((Ref(1, 1),), [StepKind.CROP], ["slice_axis"]),
+            ((Ref(1, 0), Ref(1, 1)), [kind], ["_split_v2" if kind is StepKind.SPLIT
+                                              else "SliceChannel"])]:
+        program = cropped_cuts(Program(steps, heads, 1, {}))
+        assert [s.kind for s in program.steps[1:]] == kinds
         outs, result = run(program, {"data": x}, k=1)
         assert [n["op"] for n in result.json["nodes"][1:]] == ops
         assert all(np.array_equal(o, pieces[h.output]) for o, h in zip(outs, heads))
+
+
+def cut_chain(again=(False, False), devices=(0, 0), also_read=False):
+    """A (6, 5) variable cut into rows 1..4 (a SPLIT into three pieces, the middle one
+    read), then those rows into columns 3..4 (a SPLIT at 3, the second piece read), as
+    routing cuts a box out of a stored one axis by axis; ``also_read``: the rows are also
+    an output."""
+    shard = VarShard("data", "data", "data", 0, ((0, 5), (0, 4)), "float64")
+    held = lambda shape: Held((0, 0), shape, "float64")   # noqa: E731
+    steps = (Step(StepKind.VARIABLE, 0, (), (held((6, 5)),), None, "data", node=0,
+                  shard=shard),
+             Step(StepKind.SPLIT, devices[0], (Ref(0),), (held((1, 5)), held((4, 5)),
+                                                          held((1, 5))),
+                  None, "@split0", again=again[0], axis=0, cuts=(0, 1, 5)),
+             Step(StepKind.SPLIT, devices[1], (Ref(1, 1),), (held((4, 3)), held((4, 2))),
+                  None, "@split1", again=again[1], axis=1, cuts=(0, 3)))
+    heads = (Ref(2, 1),) + ((Ref(1, 1),) if also_read else ())
+    return Program(steps, heads, max(devices) + 1, {})
+
+
+def test_a_chain_of_cuts_each_with_one_piece_read_is_one_slice():
+    """Rows, then columns: one CROP of both, emitted as one ``slice``, computing the piece."""
+    program = cropped_cuts(cut_chain())
+    assert [s.kind for s in program.steps] == [StepKind.VARIABLE, StepKind.CROP]
+    assert program.steps[1].region == ((1, 4), (3, 4)) and program.heads == (Ref(1),)
+    assert program.steps[1].inputs == (Ref(0),)
+    x = np.random.RandomState(5).randn(6, 5)
+    (out,), result = run(program, {"data": x}, k=1)
+    assert [n["op"] for n in result.json["nodes"][1:]] == ["slice"]
+    assert np.array_equal(out, x[1:5, 3:5])
+
+
+@pytest.mark.parametrize("case", [dict(also_read=True), dict(again=(True, False)),
+                                  dict(devices=(0, 1))])
+def test_a_chain_stays_two_crops_where_the_first_is_read_elsewhere_marked_or_moved(case):
+    """The first cut's piece also an output, only one cut built again in the backward pass
+    (its MXNet node marked to run again), or the second cut on another device: two CROPs,
+    each still cutting its one axis, and the results the same."""
+    program = cropped_cuts(cut_chain(**case))
+    assert [s.kind for s in program.steps] == [StepKind.VARIABLE, StepKind.CROP,
+                                                StepKind.CROP]
+    assert [s.region for s in program.steps[1:]] == [((1, 4), (0, 4)), ((0, 3), (3, 4))]
+    x = np.random.RandomState(6).randn(6, 5)
+    outs, result = run(program, {"data": x}, k=program.num_devices)
+    assert [n["op"] for n in result.json["nodes"][1:]] == ["slice_axis", "slice_axis"]
+    assert np.array_equal(outs[0], x[1:5, 3:5])
+    if case.get("also_read"):
+        assert np.array_equal(outs[1], x[1:5])
 
 
 def fc_program():
