@@ -638,8 +638,12 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     -> assignment -> rewrite -> check. ``memory_budget``: bytes per device (or a list).
     Without one, the plan moves the fewest bytes (``options.memory_weight``, 0 by default, as
     Tofu) given ``options.refetch`` (on by default: the converted inputs a gradient reads are
-    fetched again in the backward pass, not kept). With one, the plan moving the fewest bytes
-    whose ``memory_per_device()`` fits: a re-fetching plan (when ``options.refetch``: with
+    fetched again in the backward pass, not kept), except that with
+    ``options.keep_if_fits`` (on by default) the plan keeping them is taken where it holds
+    at most ``options.balance`` (1.15) times the ideal as MXNet plans the step, or no more
+    than the re-fetching plan: it moves fewer bytes and runs no share twice
+    (:func:`_fewest_bytes`). With one, the plan moving the fewest bytes whose
+    ``memory_per_device()`` fits: a re-fetching plan (when ``options.refetch``: with
     ``options.keep_share``, or fetching every converted input again), or a
     keeping plan at a memory weight searched for (:func:`tofu_mx.runtime.frontier.fit_budget`);
     :class:`tofu_mx.NoFeasiblePlanError` if none does.
@@ -691,12 +695,10 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes,
         budgets_of(memory_budget, k)        # before the import, which may take a while
     whole = import_graph(symbol, dtypes=dtypes, **shapes)
     graph = lower_graph(whole, k, interleave=options.interleave)
-    if memory_budget is None:
-        plan, assignment = runnable_plan(graph, k, options)
-        _check_operators(graph, plan, k, strict)
-        return _built(symbol, whole, graph, plan, assignment, contexts, join_outputs)
-    budgets = budgets_of(memory_budget, k)
     applied = _Applied(symbol, whole, graph, contexts, join_outputs)
+    if memory_budget is None:
+        return _fewest_bytes(applied, k, options, strict)
+    budgets = budgets_of(memory_budget, k)
 
     def measure(weight: float, refetch: bool = False, keep_share: float = 0.0):
         tried = _variant(options, weight, refetch, keep_share)
@@ -707,6 +709,44 @@ def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes,
     others = [measure(options.memory_weight, True, share)
               for share in _refetch_shares(options)]
     return fit_budget(measure, budgets, options.memory_weight, others)
+
+
+def _fewest_bytes(applied: "_Applied", k: int, options: SearchOptions, strict: bool
+                  ) -> PartitionedSymbol:
+    """The plan moving the fewest bytes at ``options``. Where that plan would fetch
+    converted inputs again for the backward pass (``options.refetch``) and
+    ``options.keep_if_fits``, the plan keeping them is made first, and taken where every
+    device holds at most ``options.balance`` times the ideal as MXNet plans the step
+    (:meth:`PartitionedSymbol.planned_memory` against the unpartitioned graph's, over k),
+    or no more than the re-fetching plan: re-fetching saves memory, at the price of more
+    bytes moved and the shares run again, so it is only worth it where it does."""
+    def made(tried: SearchOptions) -> PartitionedSymbol:
+        plan, assignment = runnable_plan(applied.graph, k, tried)
+        _check_operators(applied.graph, plan, k, strict)
+        return applied(plan, assignment)
+    if not (options.refetch and options.keep_if_fits and k > 1):
+        return made(options)
+    said = {}       # each plan's warnings (its fallbacks), given for the plan taken only
+
+    def quietly(tried: SearchOptions) -> PartitionedSymbol:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ptd = made(tried)
+        said[id(ptd)] = caught
+        return ptd
+
+    def taken(ptd: PartitionedSymbol) -> PartitionedSymbol:
+        for w in said[id(ptd)]:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return ptd
+    kept = quietly(dataclasses.replace(options, refetch=False))
+    held = max(kept.planned_memory(options.optimizer_state))
+    ideal = max(peak_memory(applied.whole, lambda i: 0, 1, options.optimizer_state)) / k
+    if held <= options.balance * ideal:
+        return taken(kept)
+    fetched = quietly(options)
+    return taken(kept if held <= max(fetched.planned_memory(options.optimizer_state))
+                 else fetched)
 
 
 #: the plans ``partition(machine=...)`` weighs: (label, SearchOptions.refetch, whether
@@ -768,7 +808,7 @@ def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Co
         try:
             ptd = _partition(symbol, contexts, memory_budget,
                              dataclasses.replace(options, refetch=refetch,
-                                                 interleave=interleave,
+                                                 keep_if_fits=False, interleave=interleave,
                                                  conversion_bytes=conversion_bytes),
                              dtypes, strict, shapes, join_outputs)
         except NoFeasiblePlanError as e:

@@ -72,6 +72,10 @@ class SearchOptions:
     refetch: bool = True              # fetch converted inputs again for the backward pass
     #                                   (re-running their operator) instead of keeping them:
     #                                   less memory, more bytes moved and compute
+    keep_if_fits: bool = True         # partition(): with refetch, keep the converted inputs
+    #                                   after all where the plan keeping them holds at most
+    #                                   balance x the ideal as MXNet plans the step, or no
+    #                                   more than the re-fetching plan (fewer bytes, no re-run)
     keep_share: float = 0.03          # share of device memory small kept copies may add
     #                                   (with refetch: the converted inputs saving the most
     #                                   bytes per byte kept are kept, not fetched again)
@@ -91,6 +95,8 @@ class SearchOptions:
         set_(self, "tie", arguments.flag(self.tie, "SearchOptions.tie"))
         set_(self, "refetch", arguments.flag(self.refetch, "SearchOptions.refetch"))
         set_(self, "interleave", arguments.flag(self.interleave, "SearchOptions.interleave"))
+        set_(self, "keep_if_fits", arguments.flag(self.keep_if_fits,
+                                                  "SearchOptions.keep_if_fits"))
         set_(self, "try_factor_orders",
              arguments.flag(self.try_factor_orders, "SearchOptions.try_factor_orders"))
         set_(self, "max_states", arguments.count(self.max_states, "SearchOptions.max_states",

@@ -11,16 +11,17 @@ import tofu_mx
 from tofu_mx.models.zoo import zoo_symbol
 from tofu_mx.runtime import layers
 from tofu_mx.runtime.draw import cross_device_bytes, draw, traffic
+from tofu_mx.search.plan import SearchOptions
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def resnet():
-    """resnet18_v1 over 4 devices: 15 BatchNorms lowered, cut 2 x 2."""
+    """resnet18_v1 over 4 devices, the re-fetching plan: 15 BatchNorms lowered, cut 2 x 2."""
     return tofu_mx.partition(zoo_symbol("resnet18_v1", classes=10),
                              [mx.cpu(i) for i in range(4)], data=(8, 3, 32, 32),
-                             softmax_label=(8,))
+                             softmax_label=(8,), options=SearchOptions(keep_if_fits=False))
 
 
 def texts(figure):

@@ -14,7 +14,8 @@ from tofu_mx.search.plan import SearchOptions
 
 KEEP = SearchOptions(refetch=False)
 WEIGHTED = SearchOptions(memory_weight=16.0, refetch=False)
-REFETCH_ALL = SearchOptions(keep_share=0)   # no converted copy kept, however small
+REFETCH_ALL = SearchOptions(keep_share=0, keep_if_fits=False)   # no converted copy kept
+REFETCH = SearchOptions(keep_if_fits=False)     # re-fetching, even where keeping fits
 
 
 def test_converted_bytes():
@@ -57,7 +58,7 @@ def test_memory_weight_and_refetching_buy_memory_with_bytes():
     ctx = [mx.cpu(i) for i in range(4)]
     ideal = tofu_mx.partition(sym, [mx.cpu(0)], **shapes).memory_per_device()[0].total / 4
     plans = {name: tofu_mx.partition(sym, ctx, options=options, **shapes) for name, options in
-             [("fewest", KEEP), ("weighted", WEIGHTED), ("refetch", None)]}
+             [("fewest", KEEP), ("weighted", WEIGHTED), ("refetch", REFETCH)]}
     worst = {name: max(m.total for m in p.memory_per_device()) for name, p in plans.items()}
     moved = {name: p.plan.total_bytes for name, p in plans.items()}
     # keeping converted inputs: the memory weight trades bytes for memory
@@ -66,7 +67,7 @@ def test_memory_weight_and_refetching_buy_memory_with_bytes():
     # the plan reports bytes moved, not the weighted objective (which counts each kept
     # converted byte 16 times over)
     assert moved["weighted"] < 4 * moved["fewest"]
-    # the default fetches them again in the backward pass: near 1/k, for more bytes
+    # re-fetching them in the backward pass: near 1/k, for more bytes
     assert plans["refetch"].plan.refetch and not plans["fewest"].plan.refetch
     assert worst["refetch"] <= 1.15 * ideal
     assert worst["refetch"] < worst["fewest"]
@@ -78,7 +79,7 @@ def test_memory_budget_is_met_or_refused():
     sym, shapes = _wresnet()
     ctx = [mx.cpu(i) for i in range(4)]
     keeping = tofu_mx.partition(sym, ctx, options=KEEP, **shapes)
-    refetching = tofu_mx.partition(sym, ctx, **shapes)
+    refetching = tofu_mx.partition(sym, ctx, options=REFETCH, **shapes)
     worst = max(m.total for m in keeping.memory_per_device())
     least = max(m.total for m in refetching.memory_per_device())
     budget = int(0.95 * worst)   # between the two

@@ -18,6 +18,8 @@ from tests.tofu_mx.runtime.helpers import blocks_one_after_another, partition_an
 from tofu_mx import models
 from tofu_mx.search import SearchOptions
 
+#: every converted input fetched again for the backward pass, even where keeping fits
+REFETCH_ALL = SearchOptions(keep_share=0, keep_if_fits=False)
 ZOO = {"alexnet": 64, "vgg11_bn": 32, "vgg16": 32, "resnet18_v1": 32, "resnet50_v1": 32,
        "resnet50_v2": 32, "densenet121": 32, "squeezenet1.0": 64, "inceptionv3": 75,
        "mobilenet1.0": 32, "mobilenetv2_1.0": 32}
@@ -52,11 +54,12 @@ assert set(DEFAULT_K.values()) == set(DEVICES) and set(DEFAULT_K) == set(ZOO)
     pytest.param(name, k, marks=() if DEFAULT_K[name] == k else pytest.mark.slow)
     for name in ZOO for k in DEVICES])
 def test_model_zoo(name, k):
-    """At these small sizes the default plan keeps most converted copies (they fit in
-    ``keep_share``); at even k every one is fetched again instead (``keep_share=0``), so the
-    re-fetching rewrite is proven on every net too."""
+    """At odd k the default plan: at these small sizes, the plan keeping the converted
+    inputs fits (``keep_if_fits``); at even k every one is fetched again instead (the
+    re-fetching plan with ``keep_share=0``), so the re-fetching rewrite is proven on every
+    net too."""
     size, b = ZOO[name], batch_for(k)
-    options = SearchOptions(keep_share=0) if k % 2 == 0 else None
+    options = REFETCH_ALL if k % 2 == 0 else None
     ptd, report = partition_and_verify(zoo_symbol(name), k, data=(b, 3, size, size),
                                        softmax_label=(b,), options=options)
     assert report.ok and len(report.comparisons) > 10
@@ -81,7 +84,7 @@ def test_builders(name, k):
     # The language models' Embedding makes float32 whatever the token dtype: they run in
     # float32, where their sums are short enough to agree within the tolerance.
     dtypes = {"data": "float64", "softmax_label": "float64"} if name == "wresnet" else {}
-    options = SearchOptions(keep_share=0) if k % 2 == 0 else None   # as test_model_zoo
+    options = REFETCH_ALL if k % 2 == 0 else None   # as test_model_zoo
     ptd, report = partition_and_verify(sym, k, dtypes=dtypes, options=options, **shapes)
     assert report.ok and not ptd.fallbacks
     if k == 1:   # one device: the original graph, names and all
@@ -100,7 +103,8 @@ def test_lstm_gates_made_apart_are_read_where_they_are_made(refetch, monkeypatch
     blocks_one_after_another(monkeypatch)
     sym = models.rnn(2, hidden=64, seq_len=3, vocab=50)
     ptd, report = partition_and_verify(sym, 8, dtypes={},     # float32, as test_builders
-                                       options=SearchOptions(refetch=refetch),
+                                       options=SearchOptions(refetch=refetch,
+                                                             keep_if_fits=False),
                                        **models.input_shapes("rnn", 64, seq_len=3))
     assert report.ok and not ptd.fallbacks
     gates = [i for i, n in enumerate(ptd.graph.nodes)

@@ -20,6 +20,9 @@ from tofu_mx.search.layouts import OpStrategy, StoredLayout
 
 X = mx.sym.var("data")
 
+#: the re-fetching plan, even where the keeping one fits
+REFETCH = SearchOptions(keep_if_fits=False)
+
 
 def conv_net(**conv):
     y = mx.sym.Convolution(X, name="conv", num_filter=4, **conv)
@@ -141,7 +144,7 @@ def test_refetched_inputs_cross_through_their_own_marked_copies(k):
     hands its readers an unmarked ``_copy`` of its output."""
     sym = models.rnn(1, 16, 3, 20)
     shapes = models.input_shapes("rnn", 4, seq_len=3)
-    ptd, report = partition_and_verify(sym, k, dtypes={}, **shapes)
+    ptd, report = partition_and_verify(sym, k, dtypes={}, options=REFETCH, **shapes)
     assert report.ok and ptd.plan.refetch
     nodes = json.loads(ptd.symbol.tojson())["nodes"]
     group = [n.get("attrs", {}).get("__ctx_group__") for n in nodes]
@@ -172,7 +175,8 @@ def test_kept_inputs_are_not_built_again_and_the_rest_are(share):
     equal one device's, and each input kept moves fewer bytes."""
     sym = models.wresnet(14, 2, 10)
     shapes = models.input_shapes("wresnet", 4, image_size=16)
-    ptd, report = partition_and_verify(sym, 4, options=SearchOptions(keep_share=share),
+    ptd, report = partition_and_verify(sym, 4, options=SearchOptions(keep_share=share,
+                                                                 keep_if_fits=False),
                                        **shapes)
     assert report.ok and ptd.plan.refetch
     nodes = json.loads(ptd.symbol.tojson())["nodes"]
