@@ -7,8 +7,10 @@ It is solved with PuLP's bundled CBC.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
+import warnings
 
 import numpy as np
 import pulp
@@ -28,6 +30,17 @@ def solve_brute_force(problem: Problem, limit: int = 2_000_000) -> Solution:
         if cost < best:
             best, best_x = cost, x
     return Solution(best, tuple(best_x), len(sizes), int(np.prod(sizes)))
+
+
+@contextlib.contextmanager
+def _pulp_3():
+    """PuLP 3.3+ warns on every ``LpVariable(name, ...)`` and on ``PULP_CBC_CMD`` (both go in
+    PuLP 4, which setup.py keeps out; ``COIN_CMD`` would need CBC installed apart): one
+    DeprecationWarning per variable, tens of thousands for one search of a large net."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Constructing LpVariable", DeprecationWarning)
+        warnings.filterwarnings("ignore", "PULP_CBC_CMD is deprecated", DeprecationWarning)
+        yield
 
 
 def _model(problem: Problem, integral: bool) -> tuple[pulp.LpProblem, list]:
@@ -57,8 +70,9 @@ def _model(problem: Problem, integral: bool) -> tuple[pulp.LpProblem, list]:
 def solve_ilp(problem: Problem, time_limit: float = 60.0) -> tuple[Solution | None, float, str]:
     """(solution or None, seconds, status). ``None`` when CBC proves nothing in time."""
     start = time.perf_counter()
-    model, x = _model(problem, integral=True)
-    status = model.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit))
+    with _pulp_3():
+        model, x = _model(problem, integral=True)
+        status = model.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit))
     seconds = time.perf_counter() - start
     name = pulp.LpStatus[status]
     if name != "Optimal":
@@ -72,8 +86,9 @@ def lp_relaxation(problem: Problem, time_limit: float = 60.0
     """The integer program's linear relaxation (``x`` in [0, 1]): its optimum, a lower bound
     on every solution's cost, and each node's ``x`` per choice; None where CBC does not solve
     it in time."""
-    model, x = _model(problem, integral=False)
-    status = model.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit))
+    with _pulp_3():
+        model, x = _model(problem, integral=False)
+        status = model.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit))
     if pulp.LpStatus[status] != "Optimal":
         return None
     return (float(pulp.value(model.objective) or 0.0),
