@@ -550,7 +550,8 @@ for field, value in [("memory_weight", -1), ("memory_weight", "16"),
                      ("optimizer_state", -0.5), ("max_states", 0), ("max_states", 2.5),
                      ("max_states", True), ("tie", "yes"), ("tie", 1), ("try_factor_orders", None),
                      ("progress", "no"), ("conversion_bytes", -1),
-                     ("conversion_bytes", "250e3"), ("conversion_bytes", float("nan"))]:
+                     ("conversion_bytes", "250e3"), ("conversion_bytes", float("nan")),
+                     ("keep_if_fits", "no"), ("keep_if_fits", 0)]:
     case(f"SearchOptions({field}={value!r})",
          lambda env, f=field, v=value: Call(SearchOptions, **{f: v}),
          InvalidArgumentError, field)
