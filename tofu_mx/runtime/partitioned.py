@@ -726,8 +726,9 @@ def _fewest_bytes(applied: "_Applied", k: int, options: SearchOptions, strict: b
     ``options.keep_if_fits``, the plan keeping them is made first, and taken where every
     device holds at most ``options.balance`` times the ideal as MXNet plans the step
     (:meth:`PartitionedSymbol.planned_memory` against the unpartitioned graph's, over k,
-    times :data:`ONE_DEVICE_PLANNED`), or no more than the re-fetching plan: re-fetching saves memory, at the price of more
-    bytes moved and the shares run again, so it is only worth it where it does."""
+    times :data:`ONE_DEVICE_PLANNED`), or no more than the re-fetching plan: re-fetching
+    saves memory, at the price of more bytes moved and the shares run again, so it is only
+    worth it where it does."""
     def made(tried: SearchOptions) -> PartitionedSymbol:
         plan, assignment = runnable_plan(applied.graph, k, tried)
         _check_operators(applied.graph, plan, k, strict)
