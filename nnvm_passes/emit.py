@@ -140,7 +140,7 @@ class _Emit:
             nid = self.add(step.op, step.name, step.attrs, ins, step)
             self.shares.setdefault(step.node, []).append(nid)
             return nid
-        if kind is StepKind.CROP:              # one axis cut: that axis alone
+        if kind is StepKind.CROP:      # slice_axis where one axis is cut, else slice
             shape = self.program.held(step.inputs[0]).shape
             cut = [a for a, (r, n) in enumerate(zip(step.region, shape)) if r != (0, n - 1)]
             if len(cut) == 1:
