@@ -52,6 +52,16 @@ def gluon_step(net, trainer, x, y, loss=LOSS):
     return out
 
 
+def train_alike(pnet, trainer, ref, ref_trainer, batches, loss=LOSS, rtol=1e-9, atol=0.0):
+    """Each ``(x, y)`` of ``batches``: a step of the partitioned block (``pnet.step``, then
+    ``trainer``) and one of plain Gluon (:func:`gluon_step`), their losses compared."""
+    for x, y in batches:
+        got = pnet.step(x, y)
+        trainer.step(x.shape[0])
+        want = gluon_step(ref, ref_trainer, x, y, loss)
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=rtol, atol=atol)
+
+
 def assert_same_params(pnet, net, tmp_path):
     path = str(tmp_path / "exported.params")
     pnet.export_parameters(path)
@@ -88,12 +98,7 @@ def test_sgd_momentum_through_step_matches_gluon(k, tmp_path):
     opts = {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}
     trainer = tg.Trainer(pnet, "sgd", opts)
     ref_trainer = gluon.Trainer(ref.collect_params(), "sgd", dict(opts))
-    for step in range(4):
-        x, y = batch(step)
-        loss = pnet.step(x, y)
-        trainer.step(B)
-        want = gluon_step(ref, ref_trainer, x, y)
-        np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-7, atol=1e-10)
+    train_alike(pnet, trainer, ref, ref_trainer, map(batch, range(4)), rtol=1e-7, atol=1e-10)
     assert_same_params(pnet, ref, tmp_path)
     # the user's block keeps its own values
     untouched = params_of(zoo_net())

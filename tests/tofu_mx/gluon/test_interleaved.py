@@ -10,7 +10,7 @@ from mxnet import gluon
 
 import tofu_mx.gluon as tg
 from tests.tofu_mx.gluon.test_gluon import (assert_same_params, assert_same_states, devices,
-                                             gluon_step)
+                                             train_alike)
 
 B, T, H, IN = 6, 3, 8, 5
 LOSS = gluon.loss.L2Loss()
@@ -62,12 +62,7 @@ def test_an_interleaved_lstm_trains_as_gluon_does(k, tmp_path):
     assert {n.rsplit("_", 2)[-2] for n in layouts} == {"i2h", "h2h"}, dict(layouts)
     trainer = tg.Trainer(pnet, "adam", {"learning_rate": 0.01})
     ref_trainer = gluon.Trainer(ref.collect_params(), "adam", {"learning_rate": 0.01})
-    for step in range(3):
-        x, y = rows(step)
-        loss = pnet.step(x, y)
-        trainer.step(B)
-        want = gluon_step(ref, ref_trainer, x, y, LOSS)
-        np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-9)
+    train_alike(pnet, trainer, ref, ref_trainer, map(rows, range(3)), LOSS)
     assert_same_params(pnet, ref, tmp_path)
     ours, _ = assert_same_states(trainer, ref_trainer, tmp_path, rtol=1e-7, atol=1e-12)
     # saved at k devices, loaded at another count: the same parameters and states

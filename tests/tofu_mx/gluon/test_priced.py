@@ -9,7 +9,7 @@ from mxnet import gluon
 
 import tofu_mx.gluon as tg
 from tests.tofu_mx.gluon.test_gluon import (assert_same_params, assert_same_states, devices,
-                                             gluon_step)
+                                             train_alike)
 from tofu_mx.search.plan import SearchOptions
 
 B, C, S = 8, 3, 16
@@ -51,11 +51,6 @@ def test_a_priced_plan_trains_as_gluon_does(k, tmp_path):
     trainer = tg.Trainer(pnet, "sgd", {"learning_rate": 0.1, "momentum": 0.9})
     ref_trainer = gluon.Trainer(ref.collect_params(), "sgd",
                                 {"learning_rate": 0.1, "momentum": 0.9})
-    for step in range(3):
-        x, y = rows(step)
-        loss = pnet.step(x, y)
-        trainer.step(B)
-        want = gluon_step(ref, ref_trainer, x, y, LOSS)
-        np.testing.assert_allclose(loss.asnumpy(), want.asnumpy(), rtol=1e-9)
+    train_alike(pnet, trainer, ref, ref_trainer, map(rows, range(3)), LOSS)
     assert_same_params(pnet, ref, tmp_path)     # BatchNorm's running statistics among them
     assert_same_states(trainer, ref_trainer, tmp_path, rtol=1e-7, atol=1e-12)
