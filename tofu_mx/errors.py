@@ -4,9 +4,11 @@ Every message says what went wrong, the values involved, and what to do about it
 Subclasses also derive from the matching built-in (``ValueError``, ``TypeError``) so that
 generic handlers keep working.
 """
+import contextlib
 import os
 import re
 import sys
+import warnings
 
 
 class TofuError(Exception):
@@ -98,3 +100,19 @@ def caller_stacklevel() -> int:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_OWN_CODE):
         frame, level = frame.f_back, level + 1
     return level
+
+
+@contextlib.contextmanager
+def warnings_held():
+    """Every warning raised inside, recorded into the list this yields and not shown (what
+    the filters would make of it is decided when :func:`give_warnings` raises it again)."""
+    with warnings.catch_warnings(record=True) as held:
+        warnings.simplefilter("always")
+        yield held
+
+
+def give_warnings(held) -> None:
+    """Raise again warnings :func:`warnings_held` recorded, at the lines they were raised
+    for, through the filters in force now."""
+    for w in held:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -13,7 +13,6 @@ never changed; it stays on its own devices with its own values.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any, Sequence
 
 import mxnet as mx
@@ -25,7 +24,7 @@ from tofu_mx import arguments
 from tofu_mx.arguments import show
 from tofu_mx.devices import check_contexts, no_subgraph_backend
 from tofu_mx.errors import (CheckpointError, DataParallelFasterWarning, InvalidArgumentError,
-                            TofuError, mxnet_message)
+                            TofuError, give_warnings, mxnet_message, warnings_held)
 from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.gluon.init import initialize_shard
 from tofu_mx.runtime.partitioned import (DeviceMemory, MachineChoice, PartitionedSymbol,
@@ -192,16 +191,14 @@ def _whole_or_hybrid(symbol, contexts, memory_budget, options, dtypes, strict, m
     its :class:`~tofu_mx.runtime.partitioned.MachineChoice`, or (None, the choice with the
     hybrid chosen) where the hybrid is the fastest that fits. Its warning that the hybrid is
     faster is dropped when the hybrid is taken; every other warning is passed on."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings_held() as caught:
         whole = partition_symbol(symbol, contexts, memory_budget=memory_budget,
                                  options=options, dtypes=dtypes, strict=strict,
                                  machine=machine, join_outputs=False, **shape_of)
     choice = whole.machine_choice
     hybrid = choice.hybrid is not None and choice.fastest_elsewhere is choice.hybrid
-    for w in caught:
-        if not (hybrid and issubclass(w.category, DataParallelFasterWarning)):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    give_warnings([w for w in caught
+                   if not (hybrid and issubclass(w.category, DataParallelFasterWarning))])
     if hybrid:
         return None, dataclasses.replace(choice, chosen=choice.hybrid)
     return whole, choice

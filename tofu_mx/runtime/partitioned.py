@@ -27,7 +27,7 @@ from tofu_mx.devices import (check_available, check_contexts, group_name,
 from tofu_mx.errors import (CheckpointError, DataParallelFasterWarning,
                             InvalidArgumentError, NoFeasiblePlanError,
                             TofuError, UnsupportedOperatorError, caller_stacklevel,
-                            mxnet_message)
+                            give_warnings, mxnet_message, warnings_held)
 from tofu_mx.files import atomic_write, check_writable
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.runtime.unlower import unlower
@@ -738,15 +738,13 @@ def _fewest_bytes(applied: "_Applied", k: int, options: SearchOptions, strict: b
     said = {}       # each plan's warnings (its fallbacks), given for the plan taken only
 
     def quietly(tried: SearchOptions) -> PartitionedSymbol:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with warnings_held() as caught:
             ptd = made(tried)
         said[id(ptd)] = caught
         return ptd
 
     def taken(ptd: PartitionedSymbol) -> PartitionedSymbol:
-        for w in said[id(ptd)]:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        give_warnings(said[id(ptd)])
         return ptd
     kept = quietly(dataclasses.replace(options, refetch=False))
     held = max(kept.planned_memory(options.optimizer_state))
