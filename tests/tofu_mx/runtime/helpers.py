@@ -15,6 +15,14 @@ def float64(shapes):
     return {name: "float64" for name in shapes}
 
 
+def partition_quietly(sym, k, **kwargs):
+    """``tofu_mx.partition`` over cpu(0..k-1), its fallback warnings (RuntimeWarning) not
+    shown; ``kwargs``: partition()'s (options, dtypes, shapes, ...)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **kwargs)
+
+
 def partition_and_verify(sym, k, dtypes=None, choose=None, options=None, arrays=None,
                          oracle=None, policy=None, group_size=0, pieces=False, **shapes):
     """Partition ``sym`` over k CPU devices and verify it against one device (outputs, every

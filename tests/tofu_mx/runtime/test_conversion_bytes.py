@@ -7,7 +7,7 @@ import mxnet as mx
 import pytest
 
 import tofu_mx
-from tests.tofu_mx.runtime.helpers import float64, partition_and_verify
+from tests.tofu_mx.runtime.helpers import float64, partition_and_verify, partition_quietly
 from tests.tofu_mx.runtime.test_partition_models import zoo_symbol
 from tofu_mx import models, sim
 from tofu_mx.search.plan import SearchOptions
@@ -19,10 +19,7 @@ FEWEST = SearchOptions(refetch=False)
 
 def fewest_bytes(sym, k, dtypes, shapes):
     """The fewest-bytes keeping plan's partition, to set the priced one against."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], options=FEWEST,
-                                 dtypes=dtypes, **shapes)
+    return partition_quietly(sym, k, options=FEWEST, dtypes=dtypes, **shapes)
 
 
 def wresnet():

@@ -4,13 +4,13 @@ written with and without Graphviz's ``dot`` program."""
 import os
 import re
 import shutil
-import warnings
 
 import mxnet as mx
 import pytest
 
 import tofu_mx
 from tests.tofu_mx.runtime.custom_ops import cube
+from tests.tofu_mx.runtime.helpers import partition_quietly
 from tofu_mx import models, tdl
 from tofu_mx.runtime import draw as drawing
 from tofu_mx.runtime.draw import cross_device_bytes, device_colours, draw, picture, to_dot
@@ -36,10 +36,7 @@ def with_fallback():
     return mx.sym.MakeLoss(mx.sym.sum(y * y))
 
 
-def partition(sym, k, options=None, **shapes):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], options=options, **shapes)
+partition = partition_quietly
 
 
 def nodes_of(source):

@@ -2,14 +2,10 @@
 backward pass, rather than fetching them again and running their shares again, where the
 plan keeping them holds at most ``balance`` times the ideal as MXNet plans the step, or no
 more than the re-fetching plan."""
-import warnings
-
-import mxnet as mx
 import pytest
 
-import tofu_mx
 from nnvm_passes.program import StepKind
-from tests.tofu_mx.runtime.helpers import float64, partition_and_verify
+from tests.tofu_mx.runtime.helpers import float64, partition_and_verify, partition_quietly
 from tofu_mx import models
 from tofu_mx.runtime.partitioned import ONE_DEVICE_PLANNED
 from tofu_mx.search.plan import SearchOptions
@@ -24,10 +20,7 @@ def wresnet():
 
 
 def partitioned(sym, k, options, shapes):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], options=options,
-                                 dtypes=float64(shapes), **shapes)
+    return partition_quietly(sym, k, options=options, dtypes=float64(shapes), **shapes)
 
 
 def ideal(sym, k, shapes):

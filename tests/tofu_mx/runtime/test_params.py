@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tofu_mx
+from tests.tofu_mx.runtime.helpers import partition_quietly
 from tofu_mx import models
 from tofu_mx.values import random_inputs
 from nnvm_passes.importer import import_symbol
@@ -26,10 +27,7 @@ def whole_params(sym, shapes, seed=0):
     return args, aux
 
 
-def partition(sym, k, **shapes):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return tofu_mx.partition(sym, [mx.cpu(i) for i in range(k)], **shapes)
+partition = partition_quietly
 
 
 def test_split_merge_round_trip_and_devices():
