@@ -13,11 +13,14 @@ SLICE      ``SliceChannel`` (equal pieces)
 SPLIT      ``_split_v2`` (pieces at offsets)
 CROP       ``slice_axis`` where one axis is cut (it copies that piece only, as a
            convolution's halo rows from its neighbour), else ``slice``
-STACK      ``_npi_concatenate`` (:data:`JOIN`) along a leading axis (all before it of
-           size 1); else ``stack`` then ``Reshape``: MXNet's concatenation along an inner
-           axis is about twice as slow (measured on CPU: 2 x (16, 256) float32 pieces
-           along axis 1, forward and backward, 100 us against 51 us), and neither's
-           gradient reads its inputs
+STACK      ``_npi_concatenate`` (:data:`JOIN`), except along the last axis with a
+           larger axis before it: ``stack`` then ``Reshape``, as MXNet's CPU concatenation
+           along the last axis is about twice as slow (forward and backward, with a loss,
+           medians of 50: 2 x (16, 256) float32 pieces 179 against 124 us, 2 x (64, 4096)
+           6.7 against 3.3 ms, 2 x (16, 64, 8, 8) along axis 3 1.7 against 1.0 ms), while
+           along an inner axis with axes after it the two are equal (2 x (16, 64, 32, 32)
+           along axis 1: 13.8 and 13.9 ms; 2 x (16, 16, 512) along axis 1: 1.71 and 1.72
+           ms) and one node is one launch fewer. Neither's gradient reads its inputs
 CONCAT     ``_npi_concatenate``
 COMBINE    ``add_n``, or a chain of ``_maximum`` / ``_minimum``
 SEND       ``_copy`` on the holder
@@ -58,13 +61,22 @@ ROLES = {StepKind.SHARE: "operator", StepKind.SLICE: "split", StepKind.SPLIT: "s
          StepKind.RERUN: "rerun",
          StepKind.PAD: "pad", StepKind.SCALE: "scale", StepKind.ZERO: "keep",
          StepKind.TOTAL: "keep", StepKind.ADD: "keep"}
-#: the operator joining pieces (CONCAT, and STACK along a leading axis): NumPy's
+#: the operator joining pieces (CONCAT, and STACK but where :func:`_stacked`): NumPy's
 #: ``concatenate``, one node whose gradient reads no input (``ElemwiseGradUseNone``), so the
 #: pieces are freed after the forward pass. ``Concat``'s gradient, in MXNet's MKLDNN builds
 #: (the pip wheels), reads every piece, which then stays until the backward pass; ``stack`` +
 #: ``Reshape`` read none but are two nodes. It runs in a legacy (not NumPy-mode) graph on
 #: every device as ``Concat`` does.
 JOIN = "_npi_concatenate"
+
+
+def _stacked(shape: tuple, axis: int) -> bool:
+    """Pieces of one size joined into ``shape`` along ``axis`` run as ``stack`` + ``Reshape``
+    rather than :data:`JOIN`: along the last axis, with an axis of more than one before it
+    (the table above says why)."""
+    return axis == len(shape) - 1 and any(n > 1 for n in shape[:axis])
+
+
 _COMBINE_OPS = {Combine.MAX: "_maximum", Combine.MIN: "_minimum"}
 #: the attribute telling apart nodes that would be alike (one operator, inputs and
 #: attributes: the RELAYs of one value on one device, two equal shares): MXNet's
@@ -158,7 +170,7 @@ class _Emit:
             return self.add("_split_v2", derived, {
                 "indices": format_attr_value(step.cuts), "axis": str(step.axis),
                 "squeeze_axis": "False", "sections": "0"}, ins, step)
-        if kind is StepKind.STACK and any(n > 1 for n in step.outputs[0].shape[:step.axis]):
+        if kind is StepKind.STACK and _stacked(step.outputs[0].shape, step.axis):
             stacked = self.add("stack", step.name + "@stack", {
                 "axis": str(step.axis), "num_args": str(len(ins))}, ins, step)
             merge = format_attr_value((0,) * step.axis + (-3, -2))

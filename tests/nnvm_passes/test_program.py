@@ -64,12 +64,17 @@ def test_a_batch_split_operator_runs_a_share_per_device_and_joins_on_device_0():
                                                        "_npi_concatenate"]
 
 
-def test_pieces_are_joined_by_one_node_along_a_leading_axis_and_stacked_along_others():
-    """Along axis 0 (or an axis after only axes of size 1) one _npi_concatenate; along an inner
-    axis stack + Reshape (MXNet's concatenation there is about twice as slow on CPU)."""
+def test_pieces_are_joined_by_one_node_but_along_the_last_axis():
+    """One _npi_concatenate along axis 0, along an inner axis with axes after it, and along
+    the last axis after only axes of size 1; along the last axis after a larger one,
+    stack + Reshape (MXNet's concatenation there is about twice as slow on CPU)."""
     for shape, box_of, op in [((4, 3), lambda d: ((2 * d, 2 * d + 1), (0, 2)), "_npi_concatenate"),
                               ((1, 4, 3), lambda d: ((0, 0), (2 * d, 2 * d + 1), (0, 2)),
                                "_npi_concatenate"),
+                              ((2, 4, 3), lambda d: ((0, 1), (2 * d, 2 * d + 1), (0, 2)),
+                               "_npi_concatenate"),
+                              ((1, 3, 4), lambda d: ((0, 0), (0, 2), (2 * d, 2 * d + 1)),
+                               "stack"),
                               ((3, 4), lambda d: ((0, 2), (2 * d, 2 * d + 1)), "stack")]:
         graph = import_graph(mx.sym.relu(mx.sym.var("data"), name="act"), data=shape,
                              dtypes={"data": "float64"})
