@@ -33,7 +33,7 @@ from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.runtime.unlower import unlower
 from tofu_mx.runtime.frontier import FRONTIER_WEIGHTS, Frontier, fit_budget, pareto, trade_off
 from tofu_mx.search.plan import (Plan, SearchOptions, budgets_of, check_device_count,
-                                 check_plan, lower_graph, plan_graph)
+                                 check_plan, collector_paused, lower_graph, plan_graph)
 from tofu_mx.sim.memory import held_at_forward_end, peak_memory
 from tofu_mx.summary import format_bytes
 from tofu_mx.tdl.annotate import import_graph
@@ -182,6 +182,7 @@ class PartitionedSymbol:
         self.node_counts = result.counts
         self.executor: mx.executor.Executor | None = None
         self._pending: tuple[dict, dict] | None = None
+        self._planned: dict[float, tuple[int, ...]] = {}    # planned_memory's, by state
         #: with ``partition(machine=...)``: which plan it chose and why
         self.machine_choice: MachineChoice | None = None
 
@@ -514,8 +515,15 @@ class PartitionedSymbol:
         and their sums. Within 4% of MXNet's storage profiler on the models of
         bench/memory_mxnet.py (bench/results/memory.md). ``optimizer_state``: optimizer
         bytes per weight byte a trainer adds (SGD with momentum 1, Adam 2)."""
-        return peak_memory(self.shard_graph, self.node_devices().__getitem__, len(self.contexts),
-                           optimizer_state)
+        optimizer_state = arguments.real(optimizer_state, "optimizer_state", minimum=0,
+                                         example="optimizer_state=1 for SGD with momentum")
+        # computed once per optimizer_state (seconds on a large partition; partition() and
+        # report() both ask): the partitioned graph does not change
+        if optimizer_state not in self._planned:
+            self._planned[optimizer_state] = peak_memory(
+                self.shard_graph, self.node_devices().__getitem__, len(self.contexts),
+                optimizer_state)
+        return self._planned[optimizer_state]
 
     def node_devices(self) -> tuple[int, ...]:
         """For each node of :attr:`shard_graph`, the index of the device MXNet runs it on (a
@@ -684,6 +692,7 @@ def partition(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context, *,
     return ptd
 
 
+@collector_paused()
 def _partition(symbol, ctx, memory_budget, options, dtypes, strict, shapes,
                join_outputs: bool = True) -> PartitionedSymbol:
     symbol = check_symbol(symbol, "symbol")
@@ -765,6 +774,7 @@ STEP_TIME_CANDIDATES = (("converted inputs fetched again for the backward pass",
                          "at {} (fewer operators)", False, True))
 
 
+@collector_paused()
 def choose_by_step_time(symbol: mx.sym.Symbol, ctx: Sequence[mx.Context] | mx.Context,
                         machine, *, memory_budget=None, options: SearchOptions | None = None,
                         dtypes: Mapping[str, Any] | None = None, strict: bool = False,

@@ -1,4 +1,5 @@
 import dataclasses
+import gc
 import importlib
 import json
 import math
@@ -20,8 +21,9 @@ from tofu_mx.search.exact import solve_ilp
 from tofu_mx.search.layouts import OpaqueOp, OpStrategy, StoredLayout
 from tofu_mx.search.cost import consumer_bytes, converted_bytes, intersect, stored_regions, \
     volume
-from tofu_mx.search.plan import (_Shared, _keep_small, _small_weights, factor_orders,
-                                 ideal_memory, lower_graph, prime_factors, search_levels)
+from tofu_mx.search.plan import (_Shared, _keep_small, _small_weights, collector_paused,
+                                 factor_orders, ideal_memory, lower_graph, prime_factors,
+                                 search_levels)
 from tofu_mx.runtime.assign import assign, device_parts, stored_box
 
 BATCH = 960   # divisible by every device count tested
@@ -672,3 +674,29 @@ def test_with_conversions_priced_the_factor_order_is_chosen_by_the_priced_cost()
     assert plan_graph(graph, 6, options=options).factors == cheapest
     assert plan_graph(graph, 6, options=dataclasses.replace(
         options, conversion_bytes=0)).exact_bytes <= orders[fewest][1].exact_bytes
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_and_restored_as_it_was(enabled):
+    """collector_paused() as a context manager and as a decorator: the collector is off
+    inside, and after as it was before, also where the body raises."""
+    was = gc.isenabled()
+
+    @collector_paused()
+    def inside():
+        return gc.isenabled()
+
+    def failing():
+        with collector_paused():
+            raise ValueError("body")
+    try:
+        (gc.enable if enabled else gc.disable)()
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled
+        assert inside() is False and gc.isenabled() == enabled
+        with pytest.raises(ValueError):
+            failing()
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
