@@ -108,12 +108,18 @@ class Account:
     input: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Ref:
     """Output ``output`` of step ``step``."""
 
     step: int
     output: int = 0
+
+    def __init__(self, step: int, output: int = 0):
+        # written out (routing makes hundreds of thousands): see nnvm_passes.ir.Entry
+        fields = self.__dict__
+        fields["step"] = step
+        fields["output"] = output
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,16 @@ class Step:
     value: float = 0.0              # PAD: the value; SCALE: the factor
     to: int | None = None           # SEND: the reading device
     shard: VarShard | None = None   # VARIABLE
+
+    def reading(self, inputs: tuple[Ref, ...]) -> "Step":
+        """This step reading ``inputs`` instead (``dataclasses.replace``'s result, made
+        without its checks: a pass renumbers every step after the first it drops)."""
+        if inputs == self.inputs:
+            return self
+        step = object.__new__(Step)
+        step.__dict__.update(self.__dict__)
+        step.__dict__["inputs"] = inputs
+        return step
 
     def read_account(self, position: int) -> Account | None:
         """What reading input ``position`` is for: a share's operator input, else this
@@ -736,7 +752,7 @@ def without_dead_steps(program: Program) -> Program:
 
 
 def route(graph: Graph, assignment: Any, cap: int | None = None,
-          group_size: int = 0, join_outputs: bool = True) -> Program:
+          group_size: int = 0, join_outputs: bool = True, passes: bool = True) -> Program:
     """The :class:`Program` of ``assignment`` over ``graph`` (see the module docstring),
     its gradient sums of ``cap`` pieces or more made where MXNet's in-place sums are right
     (:func:`bounded_reads`; ``cap``: MXNet's, :func:`inplace_sum_cap`, by default).
@@ -744,7 +760,10 @@ def route(graph: Graph, assignment: Any, cap: int | None = None,
     a link to the other groups (a PCIe switch's): a value several devices of one group read
     from another group crosses once (:func:`relayed_reads`); 0: every reader fetches it.
     ``join_outputs``: the graph's outputs whole on device 0, else their stored pieces
-    (:attr:`Program.pieces`)."""
+    (:attr:`Program.pieces`). ``passes=False``: the Program as routed, before those passes
+    and :func:`cropped_cuts` (:func:`finished` makes it what ``route`` gives): to compare
+    the bytes it copies (:meth:`Program.crossings`), which :func:`bounded_reads` and
+    :func:`cropped_cuts` do not change, for a third of the time."""
     # routing recurses from the outputs to the inputs, a few frames per operator: a deep
     # network (WResNet-152: about a thousand operators in a chain) needs more than Python's
     # default limit of 1,000 frames
@@ -754,6 +773,14 @@ def route(graph: Graph, assignment: Any, cap: int | None = None,
         program = _Route(graph, assignment).run(join_outputs)
     finally:
         sys.setrecursionlimit(limit)
+    return finished(graph, program, cap, group_size) if passes else program
+
+
+def finished(graph: Graph, program: Program, cap: int | None = None,
+             group_size: int = 0) -> Program:
+    """``program``, as routed over ``graph`` (``route(..., passes=False)``), after
+    :func:`route`'s passes: its reads relayed through ``group_size`` groups, its gradient
+    sums bounded by ``cap``, its single-read cuts cropped."""
     if group_size:
         program = dataclasses.replace(relayed_reads(program, group_size, lambda step:
                                                     _Route.needs_copy_of(graph, step)),
@@ -828,20 +855,24 @@ class _Rebuilt:
         """An old step's output, renumbered."""
         return Ref(self.at[ref.step], 0 if ref.step in self.only else ref.output)
 
-    def inputs(self, step: Step, moved: Callable[[int], Ref | None] = lambda pos: None
+    def inputs(self, step: Step, moved: Callable[[int], Ref | None] | None = None
                ) -> tuple[Ref, ...]:
         """``step``'s inputs renumbered, but those ``moved(position)`` gives anew."""
+        at, only = self.at, self.only
+        if moved is None:
+            return tuple(Ref(at[r.step], 0 if r.step in only else r.output)
+                         for r in step.inputs)
         out = []
         for pos, ref in enumerate(step.inputs):
             new = moved(pos)
-            out.append(self.ref(ref) if new is None else new)
+            out.append(Ref(at[ref.step], 0 if ref.step in only else ref.output)
+                       if new is None else new)
         return tuple(out)
 
     def keep(self, s: int, step: Step, inputs: tuple[Ref, ...]) -> Ref:
         """Old step ``s``, as ``step`` reading ``inputs`` (renumbered: :meth:`inputs`)."""
         self.at[s] = len(self.steps)
-        self.steps.append(step if inputs == step.inputs
-                          else dataclasses.replace(step, inputs=inputs))
+        self.steps.append(step.reading(inputs))
         return Ref(self.at[s])
 
     def add(self, step: Step) -> Ref:

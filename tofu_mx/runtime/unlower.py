@@ -34,7 +34,7 @@ from typing import Sequence
 
 from nnvm_passes.ir import Graph
 from nnvm_passes.lower import lowered_from
-from nnvm_passes.program import Program, route
+from nnvm_passes.program import Program, finished, route
 from tofu_mx.runtime.assign import Assignment, assign
 from tofu_mx.search.cut import View, op_strategies
 from tofu_mx.search.layouts import REPLICATED_LAYOUT, OpStrategy, StoredLayout
@@ -70,11 +70,12 @@ def unlower(whole: Graph, graph: Graph, plan: Plan, assignment: Assignment,
     if any(new_assignment.ops[index[name]].unrunnable or
            new_assignment.ops[index[name]].fallback for name in found):
         return graph, plan, assignment, None
-    new_program = route(kept, new_assignment, join_outputs=join_outputs)
-    program = route(graph, assignment, join_outputs=join_outputs)
+    # compared as routed: route's passes do not change the bytes copied
+    new_program = route(kept, new_assignment, join_outputs=join_outputs, passes=False)
+    program = route(graph, assignment, join_outputs=join_outputs, passes=False)
     if moved(new_program) != moved(program):
-        return graph, plan, assignment, program
-    return kept, translated, new_assignment, new_program
+        return graph, plan, assignment, finished(graph, program)
+    return kept, translated, new_assignment, finished(kept, new_program)
 
 
 def moved(program: Program) -> int:

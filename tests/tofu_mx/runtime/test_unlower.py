@@ -6,7 +6,9 @@ import mxnet as mx
 import pytest
 
 import tofu_mx
-from nnvm_passes.program import route
+from nnvm_passes.program import StepKind, finished, route
+from tests.tofu_mx.runtime.helpers import partition_quietly
+from tofu_mx import models
 from tofu_mx.runtime.assign import assign
 from tofu_mx.runtime.partitioned import apply_plan, runnable_plan
 from tofu_mx.runtime.unlower import lowered_groups, moved, unlower
@@ -113,3 +115,28 @@ def test_an_unlowered_batchnorm_is_one_share_per_device():
     assert len(ptd.graph.operators()) == 8
     assert assign(ptd.graph, ptd.plan).ops[index["bn0"]].shares[1].outputs[0] == \
         ((0, 1), (32, 63), (0, 3), (0, 3))
+
+
+@pytest.mark.parametrize("model,shapes,k", [
+    ("wresnet", dict(data=(8, 3, 32, 32), softmax_label=(8,)), 3),
+    ("rnn", dict(data=(4, 12), softmax_label=(4, 12)), 4),
+    ("transformer", dict(data=(4, 8), softmax_label=(4, 8)), 3),
+])
+def test_route_passes_keep_the_bytes_copied(model, shapes, k):
+    """unlower() compares programs as routed, before route's passes (bounded_reads,
+    cropped_cuts): the passes change what runs, not the bytes MXNet copies between devices.
+    At a gradient-sum cap of 3, so that values read by 3 or more are relayed (on these
+    models 130-180 relays), and at k = 3, where the WResNet's and the Transformer's uneven
+    cuts are cropped (140-180 crops)."""
+    sym = {"wresnet": lambda: models.wresnet(14, 1, 10),
+           "rnn": lambda: models.rnn(2, 16, 12, 50),
+           "transformer": lambda: models.transformer(2, 16, 2, 8, 30)}[model]()
+    ptd = partition_quietly(sym, k, **shapes)
+    raw = route(ptd.graph, ptd.assignment, passes=False)
+    done = route(ptd.graph, ptd.assignment, cap=3)
+    kinds = {step.kind for step in done.steps}
+    assert StepKind.RELAY in kinds and StepKind.RELAY not in {s.kind for s in raw.steps}
+    assert (StepKind.CROP in kinds) == (model != "rnn")
+    assert finished(ptd.graph, raw, cap=3) == done
+    assert sorted((c.source, c.device, c.nbytes) for c in raw.crossings()) == \
+        sorted((c.source, c.device, c.nbytes) for c in done.crossings())
