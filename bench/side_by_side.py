@@ -68,6 +68,11 @@ def main():
         sys.exit("usage: python bench/side_by_side.py OLD_REV [--rounds N] "
                  "[--partition-rounds N]")
     old_rev = sys.argv[1]
+    known = subprocess.run(["git", "rev-parse", "--verify", "--quiet", old_rev + "^{commit}"],
+                           cwd=ROOT, capture_output=True, text=True)
+    if known.returncode != 0:
+        sys.exit(f"{old_rev!r} is not a commit of this repository; give one that "
+                 f"`git log` lists, e.g. adb592e (the code before issue 41's work)")
     rounds, partition_rounds = option("--rounds", 3), option("--partition-rounds", 2)
     new_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout.strip()

@@ -763,7 +763,8 @@ def route(graph: Graph, assignment: Any, cap: int | None = None,
     (:attr:`Program.pieces`). ``passes=False``: the Program as routed, before those passes
     and :func:`cropped_cuts` (:func:`finished` makes it what ``route`` gives): to compare
     the bytes it copies (:meth:`Program.crossings`), which :func:`bounded_reads` and
-    :func:`cropped_cuts` do not change, for a third of the time."""
+    :func:`cropped_cuts` do not change, in less time (WResNet-152-W10 over 8 devices, the
+    collector paused: 1.4-1.5 against 2.2 s)."""
     # routing recurses from the outputs to the inputs, a few frames per operator: a deep
     # network (WResNet-152: about a thousand operators in a chain) needs more than Python's
     # default limit of 1,000 frames
@@ -858,15 +859,12 @@ class _Rebuilt:
     def inputs(self, step: Step, moved: Callable[[int], Ref | None] | None = None
                ) -> tuple[Ref, ...]:
         """``step``'s inputs renumbered, but those ``moved(position)`` gives anew."""
-        at, only = self.at, self.only
         if moved is None:
-            return tuple(Ref(at[r.step], 0 if r.step in only else r.output)
-                         for r in step.inputs)
+            return tuple(self.ref(r) for r in step.inputs)
         out = []
         for pos, ref in enumerate(step.inputs):
             new = moved(pos)
-            out.append(Ref(at[ref.step], 0 if ref.step in only else ref.output)
-                       if new is None else new)
+            out.append(self.ref(ref) if new is None else new)
         return tuple(out)
 
     def keep(self, s: int, step: Step, inputs: tuple[Ref, ...]) -> Ref:
