@@ -17,7 +17,8 @@ as MXNet's distributed KVStore (``kvstore="dist_sync"``) needs them:
   one stops its group (SIGTERM, then SIGKILL after ``STOP`` seconds), so whatever a worker
   started goes too. SIGTERM, SIGINT (Ctrl-C) or SIGHUP to the launcher stop every group
   and it exits with 128 + the signal's number; ``--timeout`` stops a run that takes longer
-  (a hung worker), with exit code 124;
+  (a hung worker), with exit code 124; on Linux, a launcher killed outright (SIGKILL) takes
+  the processes it started with it (``ORPHAN_GUARD``; not what they started in turn);
 - the servers sum float64 in float64: they start with glibc's malloc handing out zeroed
   memory (``SERVER_TUNABLES``). MXNet 1.9.1's server never initialises its
   ``multi_precision_`` flag (``src/kvstore/kvstore_dist_server.h``), so whatever the heap
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -119,9 +121,32 @@ def launch(command: Sequence[str], workers: int, servers: int = 1, *,
         _stop(processes)
 
 
+#: what each process starts as, on Linux: it asks the kernel to SIGKILL it when the launcher
+#: dies (by SIGKILL too, which the launcher cannot catch: a test's time limit, the OOM
+#: killer), checks that the launcher has not died already, then becomes the command (the
+#: request outlives exec). argv: the launcher's pid, the command.
+ORPHAN_GUARD = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n")
+
+
+def _guarded(argv: list[str]) -> list[str]:
+    """``argv`` started through :data:`ORPHAN_GUARD` where the kernel offers it (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-c", ORPHAN_GUARD, str(os.getpid()), *argv]
+
+
 def _start(name: str, argv: list[str], env: dict, out: TextIO, lock) -> _Process:
+    if not argv or shutil.which(argv[0], path=env.get("PATH")) is None:
+        raise TofuError(f"cannot start the {name} ({' '.join(argv)}): "
+                        f"{argv[0] if argv else 'no command'} is not a program found on PATH "
+                        f"or an executable file; check the command")
     try:
-        popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+        popen = subprocess.Popen(_guarded(argv), env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  text=True, bufsize=1, errors="replace",
                                  start_new_session=True)      # its own process group

@@ -160,6 +160,36 @@ def test_a_signal_to_the_launcher_stops_everything_it_started(signum, tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_launcher_killed_outright_takes_its_processes_with_it():
+    """Seen: a test's time limit SIGKILLed the launcher of a hung dist_sync run, and its two
+    workers, the scheduler and the server ran on."""
+    marker = f"TOFU_LAUNCH_TEST={uuid.uuid4().hex}"
+    name, value = marker.split("=")
+    launcher = subprocess.Popen([sys.executable, "-m", "tofu_mx.launch", "-n", "2", "--",
+                                 *HANG], env={**os.environ, name: value},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        up = 0
+        for line in launcher.stdout:
+            up += line.endswith("up\n")
+            if up == 2:
+                break
+        assert len(_marked(marker)) == 5     # launcher, scheduler, server, 2 workers
+        launcher.kill()
+        launcher.wait(timeout=15)
+        deadline = time.monotonic() + 10
+        while _marked(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _marked(marker) == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in _marked(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_hung_run_is_stopped_after_its_timeout():
     start = time.monotonic()
     out = io.StringIO()
