@@ -1,4 +1,5 @@
 """python -m tofu_mx.launch: ps-lite's scheduler, servers and workers on loopback."""
+import contextlib
 import io
 import os
 import signal
@@ -122,17 +123,12 @@ def _marked(marker: str) -> list[int]:
 HANG = [sys.executable, "-c", "import os, time; print('up', flush=True); time.sleep(600)"]
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_the_launcher_stops_everything_it_started(signum, tmp_path):
-    """Seen: after SIGTERM the launcher exited and its 4 processes ran on; after SIGINT it
-    did not exit within 30 s. Each worker here also starts a child of its own."""
+@contextlib.contextmanager
+def _launched(worker: list[str]):
+    """A launcher of 2 ``worker`` processes, its output read until both printed "up", and
+    the marker in every environment it started; whatever carries it afterwards is killed."""
     marker = f"TOFU_LAUNCH_TEST={uuid.uuid4().hex}"
     name, value = marker.split("=")
-    worker = [sys.executable, "-c",
-              "import subprocess, sys, time; "
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
-              "print('up', flush=True); time.sleep(600)"]
     launcher = subprocess.Popen([sys.executable, "-m", "tofu_mx.launch", "-n", "2", "--",
                                  *worker], env={**os.environ, name: value},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -142,6 +138,32 @@ def test_a_signal_to_the_launcher_stops_everything_it_started(signum, tmp_path):
             up += line.endswith("up\n")
             if up == 2:
                 break
+        yield launcher, marker
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in _marked(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _all_gone(marker: str, seconds: float) -> bool:
+    """No process carries ``marker`` within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _marked(marker) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_stops_everything_it_started(signum, tmp_path):
+    """Seen: after SIGTERM the launcher exited and its 4 processes ran on; after SIGINT it
+    did not exit within 30 s. Each worker here also starts a child of its own."""
+    worker = [sys.executable, "-c",
+              "import subprocess, sys, time; "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+              "print('up', flush=True); time.sleep(600)"]
+    with _launched(worker) as (launcher, marker):
         started, deadline = _marked(marker), time.monotonic() + 10
         while len(started) < 7 and time.monotonic() < deadline:   # a child may still start
             time.sleep(0.1)
@@ -149,15 +171,7 @@ def test_a_signal_to_the_launcher_stops_everything_it_started(signum, tmp_path):
         assert len(started) >= 7     # launcher, scheduler, server, 2 workers, their children
         launcher.send_signal(signum)
         assert launcher.wait(timeout=15) == 128 + signum
-        deadline = time.monotonic() + 5
-        while _marked(marker) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _marked(marker) == []
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        for pid in _marked(marker):
-            os.kill(pid, signal.SIGKILL)
+        assert _all_gone(marker, 5)
 
 
 @pytest.mark.timeout(120)
@@ -165,29 +179,11 @@ def test_a_signal_to_the_launcher_stops_everything_it_started(signum, tmp_path):
 def test_a_launcher_killed_outright_takes_its_processes_with_it():
     """Seen: a test's time limit SIGKILLed the launcher of a hung dist_sync run, and its two
     workers, the scheduler and the server ran on."""
-    marker = f"TOFU_LAUNCH_TEST={uuid.uuid4().hex}"
-    name, value = marker.split("=")
-    launcher = subprocess.Popen([sys.executable, "-m", "tofu_mx.launch", "-n", "2", "--",
-                                 *HANG], env={**os.environ, name: value},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        up = 0
-        for line in launcher.stdout:
-            up += line.endswith("up\n")
-            if up == 2:
-                break
+    with _launched(HANG) as (launcher, marker):
         assert len(_marked(marker)) == 5     # launcher, scheduler, server, 2 workers
         launcher.kill()
         launcher.wait(timeout=15)
-        deadline = time.monotonic() + 10
-        while _marked(marker) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _marked(marker) == []
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        for pid in _marked(marker):
-            os.kill(pid, signal.SIGKILL)
+        assert _all_gone(marker, 10)
 
 
 def test_a_hung_run_is_stopped_after_its_timeout():
