@@ -372,6 +372,9 @@ class PartitionedBlock(gluon.Block):
         self._arrays = [{**e.arg_dict, **e.aux_dict} for e in self._exes]
         self._fresh = False
         self._recorded = False       # a recorded call whose backward pass has not run
+        #: each group's head gradients of a backward pass loss.backward() asked for, not run
+        #: yet (see _settle)
+        self._pending: list | None = None
         self._anchor = mx.nd.zeros((1,), ctx=ptd.contexts[0])
         self._anchor.attach_grad()
         self._fill(init)
@@ -380,6 +383,7 @@ class PartitionedBlock(gluon.Block):
     @property
     def executor(self) -> mx.executor.Executor:
         """The (first group's) executor."""
+        self._settle()
         return self._exes[0]
 
     def shard_arrays(self, kinds: Sequence[str] = ("param", "aux"), replica: int = 0
@@ -393,6 +397,7 @@ class PartitionedBlock(gluon.Block):
             raise InvalidArgumentError(f"kinds must be a list of variable kinds, some of "
                                        f"{', '.join(VARIABLE_KINDS)}; got {show(kinds)}, e.g. "
                                        f"kinds=('param',)")
+        self._settle()
         arrays, grads = self._arrays[replica], self._exes[replica].grad_dict
         return [(s, arrays[s.name], grads.get(s.name)) for s in self.partitioned.shards
                 if s.kind in kinds]
@@ -472,7 +477,7 @@ class PartitionedBlock(gluon.Block):
         it), at any device count. The file is written atomically. With ``replicas=``, the
         first group's (the groups' parameters are equal; their moving statistics not)."""
         path = check_writable(path, "the parameter file")
-        mx.nd.waitall()     # a pending autograd backward pass (see _set_inputs)
+        self._settle()
         wholes = self.partitioned.merge_arrays(self._arrays[0], ("param", "aux"))
         blob = {}
         for key, name in self.structural_names().items():
@@ -552,11 +557,7 @@ class PartitionedBlock(gluon.Block):
         of the batch)."""
         checked = self._check_inputs(arrays)
         names = self.data_names + ([self.label_name] if self.label_name else [])
-        # A backward pass started by autograd (loss.backward()) runs _Run.backward on one of
-        # MXNet's engine threads and returns at once; the executor must not be entered again
-        # until it is done ("Cannot find attribute shape in the graph", or a hang, at k=4
-        # with two autograd steps back to back).
-        mx.nd.waitall()
+        self._settle()
         for name, array in zip(names, checked):
             rows = array.shape[0] // len(self.replicas)
             for g, arrays in enumerate(self._arrays):
@@ -590,10 +591,25 @@ class PartitionedBlock(gluon.Block):
         outs = self._outputs()
         return outs[0] if len(outs) == 1 else outs
 
+    def _settle(self) -> None:
+        """Wait for MXNet's engine, then run the backward pass ``loss.backward()`` left
+        pending. Autograd calls :meth:`_Run.backward` on MXNet's custom-function thread, at
+        some moment after ``loss.backward()`` returns; the executors are not entered from
+        there while this thread may use MXNet too (seen: "Cannot find attribute shape in
+        the graph", and hangs, with every engine thread idle and a value never written).
+        That thread only keeps the head gradients; the executors' backward runs here, on the
+        caller's thread, at the block's next use (a call, ``step``, ``zero_grad``, the
+        Trainer's ``step``, reading gradients or parameters)."""
+        mx.nd.waitall()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            for r, exe, heads in zip(self.replicas, self._exes, pending):
+                exe.backward(out_grads=r.head_gradients(heads))
+
     def zero_grad(self) -> None:
         """Set every shard's gradient to zero (``Parameter.zero_grad``): with
         ``grad_req='add'`` gradients are summed over backward passes until then."""
-        mx.nd.waitall()     # a pending autograd backward pass (see _set_inputs)
+        self._settle()
         for exe in self._exes:
             for grad in exe.grad_dict.values():
                 if grad is not None:
@@ -601,7 +617,7 @@ class PartitionedBlock(gluon.Block):
 
     def forward(self, *arrays):
         if autograd.is_recording():
-            mx.nd.waitall()         # a backward pass autograd started is done by then
+            self._settle()
             if self._recorded:
                 raise InvalidArgumentError(
                     f"{self!r} was called again inside autograd.record() before the first "
@@ -707,12 +723,15 @@ class _Run(autograd.Function):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def backward(self, *head_grads):
+        # on MXNet's custom-function thread: the head gradients are copied (autograd owns
+        # theirs) and the backward pass left to the block's next use (PartitionedBlock._settle)
         block = self.block
-        for g, (r, exe) in enumerate(zip(block.replicas, block._exes)):
+        pending = []
+        for g, r in enumerate(block.replicas):
             rows = [t.shape[0] for t in r.graph.output_infos]       # each group its rows
-            mine = [h[g * n:(g + 1) * n] if len(block.replicas) > 1 else h
-                    for h, n in zip(head_grads, rows)]
-            exe.backward(out_grads=r.head_gradients(mine))
+            pending.append([(h[g * n:(g + 1) * n] if len(block.replicas) > 1 else h).copy()
+                            for h, n in zip(head_grads, rows)])
+        block._pending = pending
         self.block._fresh = True
         self.block._recorded = False
         # the anchor and the inputs (data, labels) get no gradient

@@ -181,8 +181,8 @@ class Trainer:
         executor is not entered before it is done)."""
         batch_size = arguments.count(batch_size, "batch_size", example="trainer.step(x.shape[0])")
         ignore_stale_grad = arguments.flag(ignore_stale_grad, "ignore_stale_grad")
-        if self.block._recorded or not self.block._fresh:
-            mx.nd.waitall()
+        if self.block._recorded or not self.block._fresh or self.block._pending is not None:
+            self.block._settle()
         if not self.block._fresh:
             if ignore_stale_grad:       # as gluon.Trainer: a stale gradient is not applied
                 return
@@ -253,7 +253,7 @@ class Trainer:
         """Write the optimizer and its states, whole, as ``gluon.Trainer.save_states`` does for
         the unpartitioned block (atomically)."""
         path = check_writable(path, "the trainer states file")
-        mx.nd.waitall()
+        self.block._settle()
         groups: dict[int, list[int]] = {}
         for i, (s, _, _) in enumerate(self._shards):
             groups.setdefault(self._param_index[s.source], []).append(i)
