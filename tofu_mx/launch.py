@@ -101,6 +101,10 @@ def launch(command: Sequence[str], workers: int, servers: int = 1, *,
                                  example="--timeout 600")
     out = out or sys.stdout
     base = dict(os.environ if env is None else env)
+    if shutil.which(command[0], path=base.get("PATH")) is None:
+        raise TofuError(f"cannot start the worker 0 ({' '.join(command)}): {command[0]} is "
+                        f"not a program found on PATH or an executable file; check the "
+                        f"command")
     base.update(DMLC_PS_ROOT_URI=HOST, DMLC_PS_ROOT_PORT=str(free_port()),
                 DMLC_NODE_HOST=HOST, DMLC_NUM_SERVER=str(servers),
                 DMLC_NUM_WORKER=str(workers))
@@ -141,10 +145,6 @@ def _guarded(argv: list[str]) -> list[str]:
 
 
 def _start(name: str, argv: list[str], env: dict, out: TextIO, lock) -> _Process:
-    if not argv or shutil.which(argv[0], path=env.get("PATH")) is None:
-        raise TofuError(f"cannot start the {name} ({' '.join(argv)}): "
-                        f"{argv[0] if argv else 'no command'} is not a program found on PATH "
-                        f"or an executable file; check the command")
     try:
         popen = subprocess.Popen(_guarded(argv), env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -732,8 +732,8 @@ class _Run(autograd.Function):
             pending.append([(h[g * n:(g + 1) * n] if len(block.replicas) > 1 else h).copy()
                             for h, n in zip(head_grads, rows)])
         block._pending = pending
-        self.block._fresh = True
-        self.block._recorded = False
+        block._fresh = True
+        block._recorded = False
         # the anchor and the inputs (data, labels) get no gradient
         return tuple(mx.nd.zeros(shape, ctx=ctx, dtype=dtype) for shape, ctx, dtype in self.shapes)
 
